@@ -1,0 +1,196 @@
+//! The daemon's whole configuration: the environment, nothing else.
+//!
+//! Owns reading `LOCKDB_URL` / `DATABASE_URL` / libpq's `PG*` variables and
+//! `STATSD_HOST` / `STATSD_PORT`, and how the database is named in messages
+//! (never with its password). It does not connect to anything. The sweep
+//! interval, batch size and metric tags are deliberately not configurable.
+
+use std::str::FromStr;
+
+use sqlx::postgres::PgConnectOptions;
+
+/// Default StatsD agent address: the node-local agent of most pipelines.
+pub const DEFAULT_STATSD_HOST: &str = "127.0.0.1";
+/// The StatsD port every agent listens on by default.
+pub const DEFAULT_STATSD_PORT: u16 = 8125;
+
+/// A configuration the operator must fix; the daemon exits 2 on it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var} is not a valid PostgreSQL URL ({cause}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")]
+    DatabaseUrl { var: &'static str, cause: String },
+    #[error("STATSD_PORT must be a port number 1-65535, got {0:?}")]
+    StatsdPort(String),
+    #[error("STATSD_HOST must not be empty or contain spaces, got {0:?}")]
+    StatsdHost(String),
+}
+
+/// Where the lock database is, with a password-free name for messages.
+#[derive(Clone)]
+pub struct DbTarget {
+    options: PgConnectOptions,
+    display: String,
+    secrets: Vec<String>,
+}
+
+impl DbTarget {
+    /// `LOCKDB_URL`, else `DATABASE_URL`, else libpq's `PG*` defaults.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        for var in ["LOCKDB_URL", "DATABASE_URL"] {
+            if let Some(url) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+                return Self::from_url(var, &url);
+            }
+        }
+        let options = PgConnectOptions::new();
+        Ok(Self::new(options, std::env::var("PGPASSWORD").ok().into_iter().collect()))
+    }
+
+    /// Parses a URL named `var` in messages (the URL itself is never echoed).
+    pub fn from_url(var: &'static str, url: &str) -> Result<Self, ConfigError> {
+        let mut secrets: Vec<String> = Vec::new();
+        if let Ok(parsed) = url::Url::parse(url) {
+            if let Some(pw) = parsed.password() {
+                secrets.push(pw.to_owned());
+                if let Ok(decoded) = urlencoding_decode(pw) {
+                    secrets.push(decoded);
+                }
+            }
+            for (k, v) in parsed.query_pairs() {
+                if k == "password" {
+                    secrets.push(v.into_owned());
+                }
+            }
+        }
+        secrets.extend(std::env::var("PGPASSWORD").ok());
+        let redactor = Redactor(secrets.clone());
+        let options = PgConnectOptions::from_str(url).map_err(|e| ConfigError::DatabaseUrl {
+            var,
+            cause: redactor.redact(&e.to_string()),
+        })?;
+        Ok(Self::new(options, secrets))
+    }
+
+    fn new(options: PgConnectOptions, mut secrets: Vec<String>) -> Self {
+        secrets.retain(|s| !s.is_empty());
+        let options = options.application_name("lease-sweeper");
+        let database = options.get_database().unwrap_or(options.get_username());
+        let display = match options.get_socket() {
+            Some(dir) => format!(
+                "postgres://{}@localhost:{}/{}?host={}",
+                options.get_username(),
+                options.get_port(),
+                database,
+                dir.display()
+            ),
+            None => format!(
+                "postgres://{}@{}:{}/{}",
+                options.get_username(),
+                options.get_host(),
+                options.get_port(),
+                database
+            ),
+        };
+        Self { options, display, secrets }
+    }
+
+    pub fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+
+    /// `postgres://user@host:port/db`: safe to log.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// Scrubs the password out of any message about this database.
+    pub fn redactor(&self) -> Redactor {
+        Redactor(self.secrets.clone())
+    }
+}
+
+impl std::fmt::Debug for DbTarget {
+    // PgConnectOptions' own Debug prints the password; never delegate to it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbTarget").field("target", &self.display).finish()
+    }
+}
+
+/// Replaces every known secret in a message with `***`.
+#[derive(Clone, Default)]
+pub struct Redactor(Vec<String>);
+
+impl Redactor {
+    pub fn redact(&self, message: &str) -> String {
+        let mut out = message.to_owned();
+        for secret in &self.0 {
+            if !secret.is_empty() {
+                out = out.replace(secret.as_str(), "***");
+            }
+        }
+        out
+    }
+}
+
+fn urlencoding_decode(s: &str) -> Result<String, std::str::Utf8Error> {
+    url::form_urlencoded::parse(format!("x={s}").as_bytes())
+        .next()
+        .map(|(_, v)| Ok(v.into_owned()))
+        .unwrap_or_else(|| Ok(String::new()))
+}
+
+/// Where StatsD datagrams go. The host is resolved when sending, not here, so
+/// a name that does not resolve yet never stops the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsdTarget {
+    pub host: String,
+    pub port: u16,
+}
+
+impl StatsdTarget {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let host = std::env::var("STATSD_HOST")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| DEFAULT_STATSD_HOST.to_owned());
+        if host.trim().is_empty() || host.contains(char::is_whitespace) {
+            return Err(ConfigError::StatsdHost(host));
+        }
+        let port = match std::env::var("STATSD_PORT") {
+            Ok(p) if !p.is_empty() => p
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or(ConfigError::StatsdPort(p))?,
+            _ => DEFAULT_STATSD_PORT,
+        };
+        Ok(Self { host, port })
+    }
+}
+
+impl std::fmt::Display for StatsdTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_and_errors_never_carry_the_password() {
+        let t = DbTarget::from_url("LOCKDB_URL", "postgres://sweeper:s3cr%21t@db.example:6543/locks").unwrap();
+        assert_eq!(t.display(), "postgres://sweeper@db.example:6543/locks");
+        assert!(!format!("{t:?}").contains("s3cr"));
+        assert_eq!(t.redactor().redact("auth failed for s3cr!t and s3cr%21t"), "auth failed for *** and ***");
+        let err = DbTarget::from_url("LOCKDB_URL", "postgres://u:hunter2@host:notaport/db").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("LOCKDB_URL is not a valid PostgreSQL URL"), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+}

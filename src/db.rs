@@ -1,0 +1,119 @@
+//! One managed connection to the lock database, and the bundled migrations.
+//!
+//! Owns connecting (with a bounded timeout and the session settings the
+//! sweeper relies on), dropping a connection after any error so the next call
+//! reconnects by itself, and describing failures with their real cause instead
+//! of a pool's "timed out". It owns no SQL besides the migrations.
+//!
+//! A pool is not used on purpose: the sweeper does one thing at a time, and a
+//! pool hides a refused connection behind `PoolTimedOut` after 30 s.
+
+use std::time::Duration;
+
+use sqlx::{Connection as _, PgConnection};
+
+use crate::config::DbTarget;
+use crate::store::StoreError;
+
+/// How long one connection attempt may take before the sweep reports it and
+/// moves on; well under the 1-second rhythm times the drain bound.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Server-side guard for any one statement: a wedged query is cancelled by
+/// PostgreSQL and reported as an error instead of stopping the sweep loop.
+const STATEMENT_TIMEOUT_MS: &str = "30000";
+
+/// A transaction left open (say, stdout blocked while lines are written) is
+/// ended by the server, releasing its row locks for other replicas.
+const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "60000";
+
+/// The schema this binary needs, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// A lazily opened connection that reconnects after failures.
+pub struct Db {
+    target: DbTarget,
+    conn: Option<PgConnection>,
+}
+
+impl Db {
+    pub fn new(target: DbTarget) -> Self {
+        Self { target, conn: None }
+    }
+
+    pub fn target(&self) -> &DbTarget {
+        &self.target
+    }
+
+    /// The open connection, connecting first if there is none.
+    pub async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
+        if self.conn.is_none() {
+            self.conn = Some(connect(&self.target).await?);
+        }
+        Ok(self.conn.as_mut().expect("connection was just set"))
+    }
+
+    /// Forgets the connection after an error: the next call opens a new one.
+    /// Cheaper than telling a broken socket from a failed statement.
+    pub fn reset(&mut self) {
+        self.conn = None;
+    }
+
+    /// Turns a query error into a `StoreError`, scrubbed of secrets, and
+    /// drops the connection.
+    pub fn query_failed(&mut self, query: &'static str, err: sqlx::Error) -> StoreError {
+        self.reset();
+        StoreError::Query { query, cause: self.target.redactor().redact(&describe(&err)) }
+    }
+
+    /// Closes the connection politely (used at shutdown).
+    pub async fn close(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
+        }
+    }
+}
+
+/// Opens one connection with the sweeper's session settings.
+pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
+    let options = target.options().clone().options([
+        ("statement_timeout", STATEMENT_TIMEOUT_MS),
+        ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT_MS),
+    ]);
+    let failed = |cause: String| StoreError::Connect {
+        target: target.display().to_owned(),
+        cause: target.redactor().redact(&cause),
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(failed(describe(&e))),
+        Err(_) => Err(failed(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
+    }
+}
+
+/// Applies the bundled migrations; safe to run again and from several
+/// replicas at once (sqlx takes an advisory lock).
+pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(conn).await
+}
+
+/// A one-line description of a database error with its underlying cause
+/// (sqlx's Display alone often says only "error communicating with database").
+pub fn describe(err: &sqlx::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = cause.source();
+    }
+    if let sqlx::Error::Database(db) = err {
+        if let Some(code) = db.code() {
+            msg.push_str(&format!(" (SQLSTATE {code})"));
+        }
+    }
+    msg
+}

@@ -1,0 +1,146 @@
+//! `lease-sweeper demo`: the embedded default, runnable with no configuration.
+//!
+//! Owns the demonstration script only: a throwaway PostgreSQL, a stand-in
+//! lock server (through the shipped SQL functions) that acquires leases and
+//! abandons some, a stand-in StatsD agent that prints each datagram, and the
+//! real daemon (this same binary, `run`) sweeping until it is sent SIGTERM.
+//! Everything it starts is stopped and removed before it returns.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use sqlx::{Connection as _, PgConnection};
+use tokio::net::UdpSocket;
+use tracing::info;
+
+use crate::throwaway::ThrowawayPg;
+
+/// Lease time of the demo's abandoned leases: short, so the demo is quick.
+const DEMO_TTL_MILLIS: i64 = 1_500;
+/// The demo gives up waiting for the sweeper after this long.
+const DEMO_DEADLINE: Duration = Duration::from_secs(30);
+
+pub async fn run() -> anyhow::Result<()> {
+    let started = Instant::now();
+    info!("demo_starting_postgres");
+    let pg = tokio::task::spawn_blocking(ThrowawayPg::start).await?.context("starting a throwaway PostgreSQL")?;
+    let url = pg.url("postgres");
+    info!(socketDir = %pg.socket_dir().display(), "demo_postgres_ready");
+
+    let mut conn = PgConnection::connect(&url).await.context("connecting to the throwaway PostgreSQL")?;
+    crate::db::migrate(&mut conn).await.context("migrating the throwaway database")?;
+    info!(migrations = crate::db::MIGRATOR.iter().count(), "demo_migrated");
+
+    // A stand-in StatsD agent: print every datagram the daemon sends.
+    let statsd = UdpSocket::bind("127.0.0.1:0").await.context("binding the demo StatsD socket")?;
+    let statsd_port = statsd.local_addr()?.port();
+    let printer = tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        let mut datagrams = 0u64;
+        while let Ok(n) = statsd.recv(&mut buf).await {
+            datagrams += 1;
+            info!(payload = %String::from_utf8_lossy(&buf[..n]), "demo_statsd_datagram");
+        }
+        datagrams
+    });
+
+    // The lock server: two holders die, one keeps renewing, one key's lease
+    // expires and is taken over before any sweeper runs, and one key carries
+    // hostile characters to show the escaping.
+    let abandoned = ["payout:acct-1", "payout:acct-2", "tenant \"acme\" key=1\nforged level=error"];
+    for (i, key) in abandoned.iter().enumerate() {
+        let token = acquire(&mut conn, key, &format!("worker-{i}"), DEMO_TTL_MILLIS).await?;
+        info!(lockKey = key, token, ttlMillis = DEMO_TTL_MILLIS, "demo_lease_acquired_then_abandoned");
+    }
+    let kept = acquire(&mut conn, "report:daily", "worker-alive", DEMO_TTL_MILLIS).await?;
+    info!(lockKey = "report:daily", token = kept, "demo_lease_acquired_and_kept_alive");
+    let stolen = acquire(&mut conn, "invoice:42", "worker-paused", 100).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let thief = acquire(&mut conn, "invoice:42", "worker-new", 60_000).await?;
+    info!(lockKey = "invoice:42", oldToken = stolen, newToken = thief, "demo_expired_lease_taken_over");
+    release(&mut conn, "invoice:42", thief).await?;
+
+    // The daemon itself, exactly as an operator runs it.
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let mut daemon = tokio::process::Command::new(exe)
+        .arg("run")
+        .env("LOCKDB_URL", &url)
+        .env("STATSD_HOST", "127.0.0.1")
+        .env("STATSD_PORT", statsd_port.to_string())
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting `lease-sweeper run`")?;
+    let pid = daemon.id().context("daemon pid")? as i32;
+    info!(pid, "demo_daemon_started");
+
+    // Keep one lease alive while waiting for the abandoned ones to be swept.
+    let deadline = Instant::now() + DEMO_DEADLINE;
+    loop {
+        renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
+        let (left, outbox): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> 'report:daily'), \
+                    (SELECT count(*) FROM lock_expiry_outbox)",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        if left == 0 && outbox == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the daemon did not sweep the abandoned leases within {} s", DEMO_DEADLINE.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // One more sweep so the gauge and a quiet sweep (no WARN) show.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    info!(pid, "demo_sending_sigterm");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
+        .await
+        .context("the daemon did not stop within 10 s of SIGTERM")??;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    printer.abort();
+    let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry").fetch_one(&mut conn).await?;
+    conn.close().await.ok();
+    drop(pg);
+    info!(
+        daemonExit = status.code().unwrap_or(-1),
+        leasesAbandoned = abandoned.len(),
+        leasesTakenOver = 1,
+        leasesStillHeld = still_held,
+        elapsedMillis = started.elapsed().as_millis() as u64,
+        "demo_finished"
+    );
+    if !status.success() {
+        bail!("the daemon exited with {status}");
+    }
+    Ok(())
+}
+
+async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> anyhow::Result<i64> {
+    let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, $2, $3)")
+        .bind(key)
+        .bind(owner)
+        .bind(ttl)
+        .fetch_one(&mut *conn)
+        .await?;
+    token.with_context(|| format!("lock {key:?} was unexpectedly held"))
+}
+
+async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyhow::Result<()> {
+    let ok: bool = sqlx::query_scalar("SELECT lock_renew($1, $2, $3)").bind(key).bind(token).bind(ttl).fetch_one(&mut *conn).await?;
+    if !ok {
+        bail!("renewing {key:?} failed");
+    }
+    Ok(())
+}
+
+async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Result<()> {
+    let _: bool = sqlx::query_scalar("SELECT lock_release($1, $2)").bind(key).bind(token).fetch_one(&mut *conn).await?;
+    Ok(())
+}

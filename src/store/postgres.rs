@@ -1,0 +1,100 @@
+//! The PostgreSQL lock backend (`backend=pg`).
+//!
+//! Owns the transaction around each batch, which is where "at least once,
+//! never lost" is made: delete with RETURNING, report the rows (the caller
+//! writes and flushes their lines), and only then commit. A failed report or
+//! a dropped connection rolls the batch back, so the rows stay for the next
+//! sweep. The statements themselves are in `queries::locks`.
+
+use sqlx::Connection as _;
+
+use crate::config::DbTarget;
+use crate::db::Db;
+use crate::queries::locks;
+use crate::store::{ExpiredLease, LockStore, StoreError};
+
+type Report<'a> = &'a mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send);
+
+pub struct PgLockStore {
+    db: Db,
+}
+
+/// Which of the two deleting statements a batch runs.
+#[derive(Clone, Copy)]
+enum Batch {
+    Expired,
+    Takeovers,
+}
+
+impl PgLockStore {
+    pub fn new(target: DbTarget) -> Self {
+        Self { db: Db::new(target) }
+    }
+
+    /// The underlying connection, for callers that share it (the job reaper).
+    pub fn db(&mut self) -> &mut Db {
+        &mut self.db
+    }
+
+    async fn batch(&mut self, kind: Batch, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let conn = self.db.conn().await?;
+        match batch_in_tx(conn, kind, limit, report).await {
+            Ok(n) => Ok(n),
+            Err(Failure::Query(name, e)) => Err(self.db.query_failed(name, e)),
+            Err(Failure::Report(e)) => {
+                self.db.reset();
+                Err(StoreError::Report(e))
+            }
+        }
+    }
+}
+
+enum Failure {
+    Query(&'static str, sqlx::Error),
+    Report(std::io::Error),
+}
+
+/// Delete, report, commit: the order that makes a line precede its commit.
+/// Any early return drops the transaction, which rolls it back.
+async fn batch_in_tx(
+    conn: &mut sqlx::PgConnection,
+    kind: Batch,
+    limit: i64,
+    report: Report<'_>,
+) -> Result<usize, Failure> {
+    let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;
+    let leases = match kind {
+        Batch::Expired => locks::reap_expired(&mut tx, limit).await.map_err(|e| Failure::Query("reap_expired", e))?,
+        Batch::Takeovers => {
+            locks::drain_takeovers(&mut tx, limit).await.map_err(|e| Failure::Query("drain_takeovers", e))?
+        }
+    };
+    if !leases.is_empty() {
+        report(&leases).map_err(Failure::Report)?;
+    }
+    tx.commit().await.map_err(|e| Failure::Query("COMMIT", e))?;
+    Ok(leases.len())
+}
+
+impl LockStore for PgLockStore {
+    fn backend_id(&self) -> &'static str {
+        "pg"
+    }
+
+    async fn reap_expired(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+        self.batch(Batch::Expired, limit, report).await
+    }
+
+    async fn drain_takeovers(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+        self.batch(Batch::Takeovers, limit, report).await
+    }
+
+    async fn held_count(&mut self) -> Result<i64, StoreError> {
+        let conn = self.db.conn().await?;
+        match locks::count_held(conn).await {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.db.query_failed("count_held", e)),
+        }
+    }
+}
