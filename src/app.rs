@@ -25,7 +25,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate => migrate().await.map(|()| ExitCode::SUCCESS),
         Command::Demo => crate::demo::run().await.map(|()| ExitCode::SUCCESS),
         Command::Check => anyhow::bail!("check: not available in this build yet"),
-        Command::Jobs(_) | Command::Gates(_) => anyhow::bail!("jobs/gates: not available in this build yet"),
+        Command::Jobs(_) | Command::Gates(_) => {
+            anyhow::bail!("jobs/gates: not available in this build yet")
+        }
     }
 }
 
@@ -42,7 +44,8 @@ pub fn log_output(command: &Command) -> crate::telemetry::Output {
 pub async fn run_daemon() -> anyhow::Result<()> {
     let db = DbTarget::from_env()?;
     let statsd = StatsdTarget::from_env()?;
-    let shutdown = crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
+    let shutdown =
+        crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         database = db.display(),
@@ -50,8 +53,12 @@ pub async fn run_daemon() -> anyhow::Result<()> {
         "starting"
     );
     let actor = format!("lease-sweeper@{}", hostname());
-    let sweeper = Sweeper::new(PgLockStore::new(db.clone()), EventLog::stdout(), Metrics::new(statsd))
-        .with_jobs(JobReaper::new(db, actor));
+    let sweeper = Sweeper::new(
+        PgLockStore::new(db.clone()),
+        EventLog::stdout(),
+        Metrics::new(statsd),
+    )
+    .with_jobs(JobReaper::new(db, actor));
     sweeper.run(shutdown).await;
     Ok(())
 }
@@ -84,5 +91,9 @@ pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     let config = err.chain().any(|cause| {
         cause.is::<crate::config::ConfigError>() || cause.is::<crate::telemetry::FilterError>()
     });
-    if config { ExitCode::from(2) } else { ExitCode::from(1) }
+    if config {
+        ExitCode::from(2)
+    } else {
+        ExitCode::from(1)
+    }
 }

@@ -17,7 +17,9 @@ pub const DEFAULT_STATSD_PORT: u16 = 8125;
 /// A configuration the operator must fix; the daemon exits 2 on it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{var} is not a valid PostgreSQL URL ({cause}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE")]
+    #[error(
+        "{var} is not a valid PostgreSQL URL ({cause}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+    )]
     DatabaseUrl { var: &'static str, cause: String },
     #[error("STATSD_PORT must be a port number 1-65535, got {0:?}")]
     StatsdPort(String),
@@ -42,7 +44,10 @@ impl DbTarget {
             }
         }
         let options = PgConnectOptions::new();
-        Ok(Self::new(options, std::env::var("PGPASSWORD").ok().into_iter().collect()))
+        Ok(Self::new(
+            options,
+            std::env::var("PGPASSWORD").ok().into_iter().collect(),
+        ))
     }
 
     /// Parses a URL named `var` in messages (the URL itself is never echoed).
@@ -90,7 +95,11 @@ impl DbTarget {
                 database
             ),
         };
-        Self { options, display, secrets }
+        Self {
+            options,
+            display,
+            secrets,
+        }
     }
 
     pub fn options(&self) -> &PgConnectOptions {
@@ -111,7 +120,9 @@ impl DbTarget {
 impl std::fmt::Debug for DbTarget {
     // PgConnectOptions' own Debug prints the password; never delegate to it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DbTarget").field("target", &self.display).finish()
+        f.debug_struct("DbTarget")
+            .field("target", &self.display)
+            .finish()
     }
 }
 
@@ -184,13 +195,24 @@ mod tests {
 
     #[test]
     fn display_and_errors_never_carry_the_password() {
-        let t = DbTarget::from_url("LOCKDB_URL", "postgres://sweeper:s3cr%21t@db.example:6543/locks").unwrap();
+        let t = DbTarget::from_url(
+            "LOCKDB_URL",
+            "postgres://sweeper:s3cr%21t@db.example:6543/locks",
+        )
+        .unwrap();
         assert_eq!(t.display(), "postgres://sweeper@db.example:6543/locks");
         assert!(!format!("{t:?}").contains("s3cr"));
-        assert_eq!(t.redactor().redact("auth failed for s3cr!t and s3cr%21t"), "auth failed for *** and ***");
-        let err = DbTarget::from_url("LOCKDB_URL", "postgres://u:hunter2@host:notaport/db").unwrap_err();
+        assert_eq!(
+            t.redactor().redact("auth failed for s3cr!t and s3cr%21t"),
+            "auth failed for *** and ***"
+        );
+        let err =
+            DbTarget::from_url("LOCKDB_URL", "postgres://u:hunter2@host:notaport/db").unwrap_err();
         let msg = err.to_string();
-        assert!(msg.starts_with("LOCKDB_URL is not a valid PostgreSQL URL"), "{msg}");
+        assert!(
+            msg.starts_with("LOCKDB_URL is not a valid PostgreSQL URL"),
+            "{msg}"
+        );
         assert!(!msg.contains("hunter2"), "{msg}");
     }
 }

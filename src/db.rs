@@ -63,7 +63,10 @@ impl Db {
     /// drops the connection.
     pub fn query_failed(&mut self, query: &'static str, err: sqlx::Error) -> StoreError {
         self.reset();
-        StoreError::Query { query, cause: self.target.redactor().redact(&describe(&err)) }
+        StoreError::Query {
+            query,
+            cause: self.target.redactor().redact(&describe(&err)),
+        }
     }
 
     /// Closes the connection politely (used at shutdown).
@@ -78,7 +81,10 @@ impl Db {
 pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
     let options = target.options().clone().options([
         ("statement_timeout", STATEMENT_TIMEOUT_MS),
-        ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT_MS),
+        (
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        ),
     ]);
     let failed = |cause: String| StoreError::Connect {
         target: target.display().to_owned(),
@@ -87,7 +93,10 @@ pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(failed(describe(&e))),
-        Err(_) => Err(failed(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))),
+        Err(_) => Err(failed(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
     }
 }
 
@@ -113,6 +122,10 @@ pub fn describe(err: &sqlx::Error) -> String {
     if let sqlx::Error::Database(db) = err {
         if let Some(code) = db.code() {
             msg.push_str(&format!(" (SQLSTATE {code})"));
+            // undefined_table / undefined_function: the schema is not there.
+            if code == "42P01" || code == "42883" {
+                msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
+            }
         }
     }
     msg

@@ -23,16 +23,27 @@ const DEMO_DEADLINE: Duration = Duration::from_secs(30);
 pub async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     info!("demo_starting_postgres");
-    let pg = tokio::task::spawn_blocking(ThrowawayPg::start).await?.context("starting a throwaway PostgreSQL")?;
+    let pg = tokio::task::spawn_blocking(ThrowawayPg::start)
+        .await?
+        .context("starting a throwaway PostgreSQL")?;
     let url = pg.url("postgres");
     info!(socketDir = %pg.socket_dir().display(), "demo_postgres_ready");
 
-    let mut conn = PgConnection::connect(&url).await.context("connecting to the throwaway PostgreSQL")?;
-    crate::db::migrate(&mut conn).await.context("migrating the throwaway database")?;
-    info!(migrations = crate::db::MIGRATOR.iter().count(), "demo_migrated");
+    let mut conn = PgConnection::connect(&url)
+        .await
+        .context("connecting to the throwaway PostgreSQL")?;
+    crate::db::migrate(&mut conn)
+        .await
+        .context("migrating the throwaway database")?;
+    info!(
+        migrations = crate::db::MIGRATOR.iter().count(),
+        "demo_migrated"
+    );
 
     // A stand-in StatsD agent: print every datagram the daemon sends.
-    let statsd = UdpSocket::bind("127.0.0.1:0").await.context("binding the demo StatsD socket")?;
+    let statsd = UdpSocket::bind("127.0.0.1:0")
+        .await
+        .context("binding the demo StatsD socket")?;
     let statsd_port = statsd.local_addr()?.port();
     let printer = tokio::spawn(async move {
         let mut buf = vec![0u8; 65_536];
@@ -47,17 +58,35 @@ pub async fn run() -> anyhow::Result<()> {
     // The lock server: two holders die, one keeps renewing, one key's lease
     // expires and is taken over before any sweeper runs, and one key carries
     // hostile characters to show the escaping.
-    let abandoned = ["payout:acct-1", "payout:acct-2", "tenant \"acme\" key=1\nforged level=error"];
+    let abandoned = [
+        "payout:acct-1",
+        "payout:acct-2",
+        "tenant \"acme\" key=1\nforged level=error",
+    ];
     for (i, key) in abandoned.iter().enumerate() {
         let token = acquire(&mut conn, key, &format!("worker-{i}"), DEMO_TTL_MILLIS).await?;
-        info!(lockKey = key, token, ttlMillis = DEMO_TTL_MILLIS, "demo_lease_acquired_then_abandoned");
+        info!(
+            lockKey = key,
+            token,
+            ttlMillis = DEMO_TTL_MILLIS,
+            "demo_lease_acquired_then_abandoned"
+        );
     }
     let kept = acquire(&mut conn, "report:daily", "worker-alive", DEMO_TTL_MILLIS).await?;
-    info!(lockKey = "report:daily", token = kept, "demo_lease_acquired_and_kept_alive");
+    info!(
+        lockKey = "report:daily",
+        token = kept,
+        "demo_lease_acquired_and_kept_alive"
+    );
     let stolen = acquire(&mut conn, "invoice:42", "worker-paused", 100).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let thief = acquire(&mut conn, "invoice:42", "worker-new", 60_000).await?;
-    info!(lockKey = "invoice:42", oldToken = stolen, newToken = thief, "demo_expired_lease_taken_over");
+    info!(
+        lockKey = "invoice:42",
+        oldToken = stolen,
+        newToken = thief,
+        "demo_expired_lease_taken_over"
+    );
     release(&mut conn, "invoice:42", thief).await?;
 
     // The daemon itself, exactly as an operator runs it.
@@ -88,7 +117,10 @@ pub async fn run() -> anyhow::Result<()> {
             break;
         }
         if Instant::now() > deadline {
-            bail!("the daemon did not sweep the abandoned leases within {} s", DEMO_DEADLINE.as_secs());
+            bail!(
+                "the daemon did not sweep the abandoned leases within {} s",
+                DEMO_DEADLINE.as_secs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -105,7 +137,9 @@ pub async fn run() -> anyhow::Result<()> {
         .context("the daemon did not stop within 10 s of SIGTERM")??;
     tokio::time::sleep(Duration::from_millis(100)).await;
     printer.abort();
-    let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry").fetch_one(&mut conn).await?;
+    let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry")
+        .fetch_one(&mut conn)
+        .await?;
     conn.close().await.ok();
     drop(pg);
     info!(
@@ -133,7 +167,12 @@ async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> a
 }
 
 async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyhow::Result<()> {
-    let ok: bool = sqlx::query_scalar("SELECT lock_renew($1, $2, $3)").bind(key).bind(token).bind(ttl).fetch_one(&mut *conn).await?;
+    let ok: bool = sqlx::query_scalar("SELECT lock_renew($1, $2, $3)")
+        .bind(key)
+        .bind(token)
+        .bind(ttl)
+        .fetch_one(&mut *conn)
+        .await?;
     if !ok {
         bail!("renewing {key:?} failed");
     }
@@ -141,6 +180,10 @@ async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyh
 }
 
 async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Result<()> {
-    let _: bool = sqlx::query_scalar("SELECT lock_release($1, $2)").bind(key).bind(token).fetch_one(&mut *conn).await?;
+    let _: bool = sqlx::query_scalar("SELECT lock_release($1, $2)")
+        .bind(key)
+        .bind(token)
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(())
 }

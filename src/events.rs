@@ -26,7 +26,10 @@ impl EventLog {
     }
 
     pub fn to_writer(out: Box<dyn Write + Send>) -> Self {
-        Self { out, buf: String::with_capacity(64 * 1024) }
+        Self {
+            out,
+            buf: String::with_capacity(64 * 1024),
+        }
     }
 
     /// An in-memory log for tests and the demo; the handle reads what was written.
@@ -47,7 +50,11 @@ impl EventLog {
             push_pair(line, "message", "lease_expired");
             push_pair(line, "lockKey", &lease.lock_key);
             push_pair(line, "token", &lease.token.to_string());
-            push_pair(line, "expiredAtMillis", &lease.expired_at_millis.to_string());
+            push_pair(
+                line,
+                "expiredAtMillis",
+                &lease.expired_at_millis.to_string(),
+            );
             push_pair(line, "overdueMillis", &lease.overdue_millis.to_string());
             push_pair(line, "backend", backend);
             push_pair(line, "reapedBy", lease.reaped_by.as_str());
@@ -103,13 +110,19 @@ pub struct MemoryLog(Arc<Mutex<Vec<u8>>>);
 impl MemoryLog {
     pub fn lines(&self) -> Vec<String> {
         let bytes = self.0.lock().expect("memory log poisoned");
-        String::from_utf8_lossy(&bytes).lines().map(str::to_owned).collect()
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 }
 
 impl Write for MemoryLog {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("memory log poisoned").extend_from_slice(data);
+        self.0
+            .lock()
+            .expect("memory log poisoned")
+            .extend_from_slice(data);
         Ok(data.len())
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -27,14 +27,21 @@ pub struct JobReaper {
 
 impl JobReaper {
     pub fn new(target: DbTarget, actor: String) -> Self {
-        Self { db: Db::new(target), actor }
+        Self {
+            db: Db::new(target),
+            actor,
+        }
     }
 
     pub fn actor(&self) -> &str {
         &self.actor
     }
 
-    pub async fn reap_once(&mut self, _events: &mut EventLog, _metrics: &Metrics) -> Result<JobOutcome, StoreError> {
+    pub async fn reap_once(
+        &mut self,
+        _events: &mut EventLog,
+        _metrics: &Metrics,
+    ) -> Result<JobOutcome, StoreError> {
         let _ = self.db.conn().await?;
         Ok(JobOutcome::default())
     }

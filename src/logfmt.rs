@@ -56,7 +56,13 @@ pub fn push_value(line: &mut String, value: &str) {
 fn needs_quotes(value: &str) -> bool {
     value.is_empty()
         || value.chars().any(|c| {
-            c <= ' ' || c == '=' || c == '"' || c == '\\' || c == '\u{7f}' || c == '\u{2028}' || c == '\u{2029}'
+            c <= ' '
+                || c == '='
+                || c == '"'
+                || c == '\\'
+                || c == '\u{7f}'
+                || c == '\u{2028}'
+                || c == '\u{2029}'
         })
 }
 
@@ -140,7 +146,10 @@ mod tests {
     fn round_trip(value: &str) -> String {
         let mut line = String::new();
         push_pair(&mut line, "k", value);
-        assert!(!line.contains('\n') && !line.contains('\r'), "raw line break in {line:?}");
+        assert!(
+            !line.contains('\n') && !line.contains('\r'),
+            "raw line break in {line:?}"
+        );
         let pairs = decode_line(&line).unwrap_or_else(|| panic!("undecodable: {line}"));
         assert_eq!(pairs.len(), 1, "{line}");
         pairs[0].1.clone()

@@ -50,15 +50,24 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(target: StatsdTarget) -> Self {
-        let sink = Arc::new(Buffer { target, state: Mutex::new(State::default()) });
+        let sink = Arc::new(Buffer {
+            target,
+            state: Mutex::new(State::default()),
+        });
         let client = StatsdClient::from_sink("", SharedSink(sink.clone()));
-        Self { client: Arc::new(client), sink }
+        Self {
+            client: Arc::new(client),
+            sink,
+        }
     }
 
     /// Adds `n` to `lock.lease.expired`; nothing is sent for zero.
     pub fn lease_expired(&self, backend: &str, n: u64) {
         if n > 0 {
-            self.client.count_with_tags(LEASE_EXPIRED, n).with_tag("backend", backend).send();
+            self.client
+                .count_with_tags(LEASE_EXPIRED, n)
+                .with_tag("backend", backend)
+                .send();
         }
     }
 
@@ -74,11 +83,17 @@ impl Metrics {
     }
 
     pub fn held_current(&self, backend: &str, held: u64) {
-        self.client.gauge_with_tags(HELD_CURRENT, held).with_tag("backend", backend).send();
+        self.client
+            .gauge_with_tags(HELD_CURRENT, held)
+            .with_tag("backend", backend)
+            .send();
     }
 
     pub fn stale_jobs_current(&self, backend: &str, stale: u64) {
-        self.client.gauge_with_tags(JOB_STALE_CURRENT, stale).with_tag("backend", backend).send();
+        self.client
+            .gauge_with_tags(JOB_STALE_CURRENT, stale)
+            .with_tag("backend", backend)
+            .send();
     }
 
     /// Sends everything buffered. Resolves the host first if it is not known
@@ -90,7 +105,12 @@ impl Metrics {
         }
         if !self.sink.has_addr() {
             let target = (self.sink.target.host.clone(), self.sink.target.port);
-            let resolved = match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(target)).await {
+            let resolved = match tokio::time::timeout(
+                RESOLVE_TIMEOUT,
+                tokio::net::lookup_host(target),
+            )
+            .await
+            {
                 Ok(Ok(mut addrs)) => addrs.next().ok_or_else(|| "no address".to_owned()),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {} s", RESOLVE_TIMEOUT.as_secs())),
@@ -98,7 +118,8 @@ impl Metrics {
             match resolved {
                 Ok(addr) => self.sink.set_addr(addr),
                 Err(cause) => {
-                    self.sink.failed(&format!("cannot resolve {}: {cause}", self.sink.target));
+                    self.sink
+                        .failed(&format!("cannot resolve {}: {cause}", self.sink.target));
                     return;
                 }
             }
@@ -125,7 +146,9 @@ struct Buffer {
 
 impl Buffer {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn has_data(&self) -> bool {
@@ -169,8 +192,13 @@ impl Buffer {
         }
         let Some(addr) = s.addr else { return };
         if s.socket.is_none() {
-            let local: SocketAddr = if addr.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-            match UdpSocket::bind(local).and_then(|sock| sock.set_nonblocking(true).map(|()| sock)) {
+            let local: SocketAddr = if addr.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            match UdpSocket::bind(local).and_then(|sock| sock.set_nonblocking(true).map(|()| sock))
+            {
                 Ok(sock) => s.socket = Some(sock),
                 Err(e) => {
                     drop(guard);

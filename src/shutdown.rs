@@ -20,7 +20,11 @@ pub fn on_signals() -> std::io::Result<CancellationToken> {
     tokio::spawn(async move {
         let mut seen = false;
         while let Some(signal) = signals.next().await {
-            let name = if signal == SIGTERM { "SIGTERM" } else { "SIGINT" };
+            let name = if signal == SIGTERM {
+                "SIGTERM"
+            } else {
+                "SIGINT"
+            };
             if seen {
                 warn!(signal = name, "shutdown_forced");
                 std::process::exit(128 + signal);

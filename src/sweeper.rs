@@ -94,7 +94,10 @@ impl<S: LockStore> Sweeper<S> {
 
     /// One pass: drain expired leases and takeovers, batch by batch, then
     /// report the gauge. Stops between batches once `cancel` fires.
-    pub async fn sweep_once(&mut self, cancel: &CancellationToken) -> Result<SweepOutcome, StoreError> {
+    pub async fn sweep_once(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> Result<SweepOutcome, StoreError> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
         for takeovers in [false, true] {
@@ -208,7 +211,13 @@ struct ErrorLog {
 
 impl ErrorLog {
     fn new(what: &'static str) -> Self {
-        Self { what, current: None, since: None, last_logged: None, failures: 0 }
+        Self {
+            what,
+            current: None,
+            since: None,
+            last_logged: None,
+            failures: 0,
+        }
     }
 
     fn failed(&mut self, err: &StoreError) {
@@ -216,7 +225,9 @@ impl ErrorLog {
         let now = Instant::now();
         self.failures += 1;
         let changed = self.current.as_deref() != Some(message.as_str());
-        let due = self.last_logged.is_none_or(|t| now.duration_since(t) >= ERROR_REPEAT);
+        let due = self
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= ERROR_REPEAT);
         if changed || due {
             error!(error = %message, failedSweeps = self.failures, "{}_failed", self.what);
             self.last_logged = Some(now);
@@ -229,8 +240,16 @@ impl ErrorLog {
 
     fn succeeded(&mut self) {
         if self.current.take().is_some() {
-            let down = self.since.map(|t| t.elapsed().as_millis() as u64).unwrap_or(0);
-            info!(failedSweeps = self.failures, downMillis = down, "{}_recovered", self.what);
+            let down = self
+                .since
+                .map(|t| t.elapsed().as_millis() as u64)
+                .unwrap_or(0);
+            info!(
+                failedSweeps = self.failures,
+                downMillis = down,
+                "{}_recovered",
+                self.what
+            );
         }
         *self = Self::new(self.what);
     }

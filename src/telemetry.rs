@@ -39,7 +39,9 @@ pub enum Output {
 /// Installs the global subscriber writing logfmt lines.
 pub fn init(output: Output) -> Result<(), FilterError> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(spec).map_err(|e| FilterError(e.to_string()))?,
+        Ok(spec) if !spec.trim().is_empty() => {
+            EnvFilter::try_new(spec).map_err(|e| FilterError(e.to_string()))?
+        }
         _ => EnvFilter::new(DEFAULT_FILTER),
     };
     let writer = match output {
@@ -78,14 +80,23 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, _ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
         let mut line = String::with_capacity(160);
         push_pair(&mut line, "ts", &timestamp_now());
         push_pair(&mut line, "level", level_name(*meta.level()));
-        push_pair(&mut line, "message", fields.message.as_deref().unwrap_or(""));
+        push_pair(
+            &mut line,
+            "message",
+            fields.message.as_deref().unwrap_or(""),
+        );
         for (key, value) in &fields.rest {
             push_pair(&mut line, key, value);
         }

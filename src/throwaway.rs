@@ -44,12 +44,18 @@ pub enum ThrowawayError {
          (Debian: postgresql-15) or set PG_BINDIR to the directory holding them"
     )]
     NoBinaries,
-    #[error("running as root, but neither a `postgres` nor a `nobody` user exists to run PostgreSQL as; create one or set DATABASE_URL")]
+    #[error(
+        "running as root, but neither a `postgres` nor a `nobody` user exists to run PostgreSQL as; create one or set DATABASE_URL"
+    )]
     NoUnprivilegedUser,
     #[error("{what} failed: {cause}")]
     Io { what: String, cause: io::Error },
     #[error("{what} failed ({status}); its output:\n{output}")]
-    Command { what: String, status: String, output: String },
+    Command {
+        what: String,
+        status: String,
+        output: String,
+    },
     #[error("PostgreSQL did not become ready within {secs} s; its log:\n{log}")]
     NotReady { secs: u64, log: String },
 }
@@ -96,7 +102,10 @@ impl ThrowawayPg {
         let root = std::env::temp_dir().join(format!(
             "lease-sweeper-pg-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
         ));
         fs::create_dir_all(&root).map_err(io_err(format!("creating {}", root.display())))?;
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).map_err(io_err("chmod"))?;
@@ -109,7 +118,13 @@ impl ThrowawayPg {
             .chain(extra.iter())
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        let mut pg = Self { root, bin, run_as, settings, postmaster: None };
+        let mut pg = Self {
+            root,
+            bin,
+            run_as,
+            settings,
+            postmaster: None,
+        };
         pg.initdb()?;
         pg.start_again()?;
         Ok(pg)
@@ -141,7 +156,9 @@ impl ThrowawayPg {
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
         }
-        cmd.current_dir(&self.root).env("LC_ALL", "C.UTF-8").env_remove("PGDATA");
+        cmd.current_dir(&self.root)
+            .env("LC_ALL", "C.UTF-8")
+            .env_remove("PGDATA");
         cmd
     }
 
@@ -158,7 +175,11 @@ impl ThrowawayPg {
             return Err(ThrowawayError::Command {
                 what: "initdb".into(),
                 status: output.status.to_string(),
-                output: format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
             });
         }
         Ok(())
@@ -176,7 +197,12 @@ impl ThrowawayPg {
             .open(self.log_path())
             .map_err(io_err("opening the PostgreSQL log"))?;
         let mut cmd = self.command("postgres");
-        cmd.arg("-D").arg(self.data_dir()).arg("-k").arg(&self.root).arg("-p").arg(SOCKET_PORT.to_string());
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .arg("-k")
+            .arg(&self.root)
+            .arg("-p")
+            .arg(SOCKET_PORT.to_string());
         for (k, v) in &self.settings {
             cmd.arg("-c").arg(format!("{k}={v}"));
         }
@@ -213,9 +239,15 @@ impl ThrowawayPg {
             .map_err(io_err("spawning the keeper thread"))?;
         let pid = pid_rx
             .recv()
-            .map_err(|_| ThrowawayError::Io { what: "starting postgres".into(), cause: io::Error::other("keeper thread died") })?
+            .map_err(|_| ThrowawayError::Io {
+                what: "starting postgres".into(),
+                cause: io::Error::other("keeper thread died"),
+            })?
             .map_err(io_err("starting postgres"))?;
-        self.postmaster = Some(Postmaster { pid, exited: exit_rx });
+        self.postmaster = Some(Postmaster {
+            pid,
+            exited: exit_rx,
+        });
         self.wait_ready()
     }
 
@@ -229,10 +261,16 @@ impl ThrowawayPg {
                     return Ok(());
                 }
             }
-            let exited = self.postmaster.as_ref().is_none_or(|p| p.exited.try_recv().is_ok());
+            let exited = self
+                .postmaster
+                .as_ref()
+                .is_none_or(|p| p.exited.try_recv().is_ok());
             if exited || Instant::now() > deadline {
                 self.postmaster = None;
-                return Err(ThrowawayError::NotReady { secs: START_TIMEOUT.as_secs(), log: self.log_tail() });
+                return Err(ThrowawayError::NotReady {
+                    secs: START_TIMEOUT.as_secs(),
+                    log: self.log_tail(),
+                });
             }
             std::thread::sleep(Duration::from_millis(25));
         }
@@ -269,10 +307,19 @@ impl ThrowawayPg {
     }
 }
 
-impl Drop for ThrowawayPg {
-    fn drop(&mut self) {
+impl ThrowawayPg {
+    /// Stops the postmaster at once and removes the directory. Also what
+    /// `Drop` does; callable through a shared handle (a test suite's static
+    /// cluster at process exit).
+    pub fn destroy(&mut self) {
         self.stop(StopMode::Immediate);
         let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+impl Drop for ThrowawayPg {
+    fn drop(&mut self) {
+        self.destroy();
     }
 }
 

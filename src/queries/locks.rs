@@ -57,17 +57,42 @@ type LeaseRow = (String, String, i64, i64, i64);
 
 fn lease(row: LeaseRow, reaped_by: ReapedBy) -> ExpiredLease {
     let (lock_key, owner_id, token, expired_at_millis, overdue_millis) = row;
-    ExpiredLease { lock_key, owner_id, token, expired_at_millis, overdue_millis, reaped_by }
+    ExpiredLease {
+        lock_key,
+        owner_id,
+        token,
+        expired_at_millis,
+        overdue_millis,
+        reaped_by,
+    }
 }
 
-pub async fn reap_expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<ExpiredLease>, sqlx::Error> {
-    let rows: Vec<LeaseRow> = sqlx::query_as(REAP_EXPIRED).bind(limit).fetch_all(conn).await?;
-    Ok(rows.into_iter().map(|r| lease(r, ReapedBy::Sweep)).collect())
+pub async fn reap_expired(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<ExpiredLease>, sqlx::Error> {
+    let rows: Vec<LeaseRow> = sqlx::query_as(REAP_EXPIRED)
+        .bind(limit)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| lease(r, ReapedBy::Sweep))
+        .collect())
 }
 
-pub async fn drain_takeovers(conn: &mut PgConnection, limit: i64) -> Result<Vec<ExpiredLease>, sqlx::Error> {
-    let rows: Vec<LeaseRow> = sqlx::query_as(DRAIN_TAKEOVERS).bind(limit).fetch_all(conn).await?;
-    Ok(rows.into_iter().map(|r| lease(r, ReapedBy::Takeover)).collect())
+pub async fn drain_takeovers(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<ExpiredLease>, sqlx::Error> {
+    let rows: Vec<LeaseRow> = sqlx::query_as(DRAIN_TAKEOVERS)
+        .bind(limit)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| lease(r, ReapedBy::Takeover))
+        .collect())
 }
 
 pub async fn count_held(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {

@@ -28,7 +28,9 @@ enum Batch {
 
 impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
-        Self { db: Db::new(target) }
+        Self {
+            db: Db::new(target),
+        }
     }
 
     /// The underlying connection, for callers that share it (the job reaper).
@@ -36,7 +38,12 @@ impl PgLockStore {
         &mut self.db
     }
 
-    async fn batch(&mut self, kind: Batch, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+    async fn batch(
+        &mut self,
+        kind: Batch,
+        limit: usize,
+        report: Report<'_>,
+    ) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let conn = self.db.conn().await?;
         match batch_in_tx(conn, kind, limit, report).await {
@@ -65,10 +72,12 @@ async fn batch_in_tx(
 ) -> Result<usize, Failure> {
     let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;
     let leases = match kind {
-        Batch::Expired => locks::reap_expired(&mut tx, limit).await.map_err(|e| Failure::Query("reap_expired", e))?,
-        Batch::Takeovers => {
-            locks::drain_takeovers(&mut tx, limit).await.map_err(|e| Failure::Query("drain_takeovers", e))?
-        }
+        Batch::Expired => locks::reap_expired(&mut tx, limit)
+            .await
+            .map_err(|e| Failure::Query("reap_expired", e))?,
+        Batch::Takeovers => locks::drain_takeovers(&mut tx, limit)
+            .await
+            .map_err(|e| Failure::Query("drain_takeovers", e))?,
     };
     if !leases.is_empty() {
         report(&leases).map_err(Failure::Report)?;
@@ -82,11 +91,19 @@ impl LockStore for PgLockStore {
         "pg"
     }
 
-    async fn reap_expired(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+    async fn reap_expired(
+        &mut self,
+        limit: usize,
+        report: Report<'_>,
+    ) -> Result<usize, StoreError> {
         self.batch(Batch::Expired, limit, report).await
     }
 
-    async fn drain_takeovers(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+    async fn drain_takeovers(
+        &mut self,
+        limit: usize,
+        report: Report<'_>,
+    ) -> Result<usize, StoreError> {
         self.batch(Batch::Takeovers, limit, report).await
     }
 

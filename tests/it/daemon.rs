@@ -1,0 +1,223 @@
+//! The real binary: signals, exit codes, errors and recovery.
+
+use std::time::Duration;
+
+use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired, wait_until};
+
+fn env<'a>(db: &'a TestDb, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("LOCKDB_URL", db.url.as_str()),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", statsd_port),
+    ]
+}
+
+async fn exits_zero_promptly_on(signal: i32) {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&db, &port));
+    daemon
+        .wait_for_event("sweeper_started", Duration::from_secs(10))
+        .await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "bye-", 3, 10).await;
+    wait_until(Duration::from_secs(10), "the sweep", || async {
+        events(&daemon.lines(), "lease_expired").len() == 3
+    })
+    .await;
+
+    daemon.signal(signal);
+    let (code, took) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    assert_eq!(code, Some(0), "{}", daemon.lines().join("\n"));
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let lines = daemon.lines();
+    assert_eq!(events(&lines, "shutdown_requested").len(), 1);
+    assert_eq!(events(&lines, "sweeper_stopped").len(), 1);
+    assert_eq!(events(&lines, "lease_expired").len(), 3);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 3)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 3);
+}
+
+#[tokio::test]
+async fn the_daemon_exits_0_promptly_on_sigterm() {
+    exits_zero_promptly_on(libc::SIGTERM).await;
+}
+
+#[tokio::test]
+async fn the_daemon_exits_0_promptly_on_sigint() {
+    exits_zero_promptly_on(libc::SIGINT).await;
+}
+
+#[tokio::test]
+async fn a_second_signal_during_the_drain_exits_at_once() {
+    // A "database" that accepts TCP and never answers keeps a sweep in flight.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgres://u:pw@127.0.0.1:{}/db",
+        silent.local_addr().unwrap().port()
+    );
+    let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_PORT", "9")]);
+    daemon
+        .wait_for_event("sweeper_started", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // let it block on connect
+
+    daemon.signal(libc::SIGTERM);
+    daemon
+        .wait_for_event("shutdown_requested", Duration::from_secs(5))
+        .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, took) = daemon.wait_exit(Duration::from_secs(5)).await;
+
+    assert_eq!(
+        code,
+        Some(128 + libc::SIGTERM),
+        "{}",
+        daemon.lines().join("\n")
+    );
+    assert!(took < Duration::from_millis(1_500), "took {took:?}");
+    assert_eq!(events(&daemon.lines(), "shutdown_forced").len(), 1);
+}
+
+#[tokio::test]
+async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
+    // No schema yet: every sweep fails until the migration lands.
+    let db = TestDb::empty().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&db, &port));
+    daemon
+        .wait_for_event("sweep_failed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // two or three more failing sweeps
+
+    let mut conn = db.connect().await;
+    lease_sweeper::db::migrate(&mut conn).await.unwrap();
+    insert_expired(&mut conn, "after-", 4, 10).await;
+    wait_until(Duration::from_secs(10), "the recovered sweep", || async {
+        events(&daemon.lines(), "lease_expired").len() == 4
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    let lines = daemon.lines();
+    let failed = events(&lines, "sweep_failed");
+    assert_eq!(
+        failed.len(),
+        1,
+        "a persistent error is logged once: {lines:#?}"
+    );
+    assert_eq!(failed[0]["level"], "error");
+    assert!(
+        failed[0]["error"].contains("lock_entry"),
+        "names the cause: {:?}",
+        failed[0]
+    );
+    assert!(
+        failed[0]["error"].contains("lease-sweeper migrate"),
+        "says what to do: {:?}",
+        failed[0]
+    );
+    assert_eq!(events(&lines, "sweep_recovered").len(), 1);
+    assert_eq!(code, Some(0));
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_password() {
+    let socket_dir = std::env::temp_dir().join(format!("ls-nodb-{}", std::process::id()));
+    std::fs::create_dir_all(&socket_dir).unwrap();
+    let url = format!(
+        "postgres://sweeper:Sup3r-S3cret@localhost/locks?host={}",
+        socket_dir.display()
+    );
+    let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_HOST", "statsd.invalid")]);
+    daemon
+        .wait_for_event("sweep_failed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(daemon.child.try_wait().unwrap().is_none(), "still running");
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    let lines = daemon.lines();
+    let all = lines.join("\n");
+    assert!(!all.contains("Sup3r-S3cret"), "{all}");
+    let failed = events(&lines, "sweep_failed");
+    assert_eq!(failed.len(), 1, "{all}");
+    assert!(failed[0]["error"].contains("cannot connect"), "{all}");
+    assert!(
+        failed[0]["error"].contains("No such file or directory"),
+        "names the real cause: {all}"
+    );
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(socket_dir);
+}
+
+#[tokio::test]
+async fn bad_configuration_exits_2_with_a_clear_message_and_no_password() {
+    for (args, env, needle) in [
+        (
+            vec!["migrate"],
+            vec![("LOCKDB_URL", "postgres://u:hunter2@host:notaport/db")],
+            "LOCKDB_URL is not a valid PostgreSQL URL",
+        ),
+        (
+            vec!["run"],
+            vec![("DATABASE_URL", "postgres://u:hunter2@host:notaport/db")],
+            "DATABASE_URL is not a valid PostgreSQL URL",
+        ),
+        (
+            vec!["run"],
+            vec![
+                ("LOCKDB_URL", "postgres://u@h/db"),
+                ("STATSD_PORT", "eighty"),
+            ],
+            "STATSD_PORT must be a port number",
+        ),
+        (
+            vec!["run"],
+            vec![("RUST_LOG", "lease_sweeper=loud")],
+            "RUST_LOG is not a valid filter",
+        ),
+        (vec!["frobnicate"], vec![], "unrecognized subcommand"),
+        (
+            vec!["run", "--interval", "5"],
+            vec![],
+            "unexpected argument",
+        ),
+    ] {
+        let mut d = Daemon::spawn_args(&args, &env);
+        let (code, _) = d.wait_exit(Duration::from_secs(10)).await;
+        let all = d.lines().join("\n");
+        assert_eq!(code, Some(2), "{args:?}: {all}");
+        assert!(all.contains(needle), "{args:?}: {all}");
+        assert!(!all.contains("hunter2"), "{all}");
+    }
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_fails_with_1_when_the_server_is_unreachable() {
+    let db = TestDb::empty().await;
+    for _ in 0..2 {
+        let mut d = Daemon::spawn_args(&["migrate"], &[("LOCKDB_URL", &db.url)]);
+        let (code, _) = d.wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(code, Some(0), "{}", d.lines().join("\n"));
+    }
+    let mut d = Daemon::spawn_args(
+        &["migrate"],
+        &[("LOCKDB_URL", "postgres://u:pw@127.0.0.1:1/db")],
+    );
+    let (code, _) = d.wait_exit(Duration::from_secs(30)).await;
+    let all = d.lines().join("\n");
+    assert_eq!(code, Some(1), "{all}");
+    assert!(
+        all.contains("Connection refused") || all.contains("connection refused"),
+        "{all}"
+    );
+}

@@ -1,0 +1,348 @@
+//! Shared test plumbing: a real PostgreSQL, a database per test, a real UDP
+//! StatsD listener and the real binary.
+//!
+//! When `DATABASE_URL` is set, every test creates its own database on that
+//! server (and drops it afterwards). Otherwise this test binary starts one
+//! throwaway cluster (as the `postgres` user when run as root), shared by all
+//! its tests and removed at exit.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use lease_sweeper::config::DbTarget;
+use lease_sweeper::throwaway::ThrowawayPg;
+use sqlx::{Connection as _, PgConnection};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::net::UdpSocket;
+
+static CLUSTER: OnceLock<Mutex<ThrowawayPg>> = OnceLock::new();
+static ADMIN_URL: OnceLock<String> = OnceLock::new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn destroy_cluster() {
+    if let Some(cluster) = CLUSTER.get() {
+        if let Ok(mut pg) = cluster.lock() {
+            pg.destroy();
+        }
+    }
+}
+
+/// URL of a database this process may create databases from.
+fn admin_url() -> &'static str {
+    ADMIN_URL.get_or_init(|| {
+        if let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+            return url;
+        }
+        let pg = ThrowawayPg::start().expect("starting a throwaway PostgreSQL for the tests");
+        let url = pg.url("postgres");
+        CLUSTER.set(Mutex::new(pg)).ok().expect("cluster set once");
+        // SAFETY: registering a plain extern "C" fn with no captured state.
+        unsafe {
+            libc::atexit(destroy_cluster);
+        }
+        url
+    })
+}
+
+/// A fresh, migrated database for one test.
+pub struct TestDb {
+    pub url: String,
+    pub name: String,
+}
+
+impl TestDb {
+    /// Creates an empty database and applies the bundled migrations.
+    pub async fn new() -> Self {
+        let db = Self::empty().await;
+        let mut conn = db.connect().await;
+        lease_sweeper::db::migrate(&mut conn)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
+    /// Creates an empty database (no schema).
+    pub async fn empty() -> Self {
+        let admin = admin_url().to_owned();
+        let name = format!(
+            "lst_{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .expect("connecting to the admin database");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("CREATE DATABASE");
+        let mut url = url::Url::parse(&admin).expect("admin URL parses");
+        url.set_path(&format!("/{name}"));
+        Self {
+            url: url.to_string(),
+            name,
+        }
+    }
+
+    pub async fn connect(&self) -> PgConnection {
+        PgConnection::connect(&self.url)
+            .await
+            .expect("connecting to the test database")
+    }
+
+    pub fn target(&self) -> DbTarget {
+        DbTarget::from_url("LOCKDB_URL", &self.url).expect("test URL parses")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // The throwaway cluster goes away whole; an operator's server is kept tidy.
+        if CLUSTER.get().is_some() {
+            return;
+        }
+        let admin = admin_url().to_owned();
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut conn) = PgConnection::connect(&admin).await {
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Inserts `n` leases named `{prefix}{i}` whose deadline passed `ago_ms` ago.
+pub async fn insert_expired(conn: &mut PgConnection, prefix: &str, n: i64, ago_ms: i64) {
+    sqlx::query(
+        "INSERT INTO lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
+         SELECT $1 || i, 'owner-' || i, nextval('lock_fencing_token_seq'),
+                now() - interval '1 hour', now() - $3 * interval '1 millisecond'
+           FROM generate_series(1, $2) AS i",
+    )
+    .bind(prefix)
+    .bind(n)
+    .bind(ago_ms)
+    .execute(conn)
+    .await
+    .expect("inserting expired leases");
+}
+
+pub async fn count(conn: &mut PgConnection, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(conn)
+        .await
+        .expect("count query")
+}
+
+/// Polls `check` every 20 ms until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A real UDP socket standing in for a StatsD agent.
+#[derive(Clone)]
+pub struct StatsdCapture {
+    pub port: u16,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl StatsdCapture {
+    pub async fn start() -> Self {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind UDP");
+        let port = socket.local_addr().unwrap().port();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok(n) = socket.recv(&mut buf).await {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                sink.lock().unwrap().extend(text.lines().map(str::to_owned));
+            }
+        });
+        Self { port, lines }
+    }
+
+    pub fn target(&self) -> lease_sweeper::config::StatsdTarget {
+        lease_sweeper::config::StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: self.port,
+        }
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Sum of every `name:N|c|#tags` line with exactly these tags.
+    pub fn counter(&self, name: &str, tags: &str) -> u64 {
+        self.lines()
+            .iter()
+            .filter_map(|l| {
+                let (metric, rest) = l.split_once(':')?;
+                let mut parts = rest.split('|');
+                let value = parts.next()?;
+                let kind = parts.next()?;
+                let line_tags = parts.next().unwrap_or("");
+                (metric == name && kind == "c" && line_tags == tags)
+                    .then(|| value.parse::<u64>().ok())?
+            })
+            .sum()
+    }
+
+    /// The last value of a gauge with exactly these tags.
+    pub fn gauge(&self, name: &str, tags: &str) -> Option<u64> {
+        self.lines().iter().rev().find_map(|l| {
+            let (metric, rest) = l.split_once(':')?;
+            let parts: Vec<&str> = rest.split('|').collect();
+            (metric == name
+                && parts.get(1) == Some(&"g")
+                && parts.get(2).copied().unwrap_or("") == tags)
+                .then(|| parts[0].parse().ok())?
+        })
+    }
+
+    pub async fn wait_counter(&self, name: &str, tags: &str, expected: u64) {
+        let what = format!("{name} {tags} to reach {expected}");
+        wait_until(Duration::from_secs(10), &what, || async {
+            self.counter(name, tags) >= expected
+        })
+        .await;
+    }
+}
+
+/// Decodes a logfmt line into a map (asserting it decodes at all).
+pub fn fields(line: &str) -> HashMap<String, String> {
+    lease_sweeper::logfmt::decode_line(line)
+        .unwrap_or_else(|| panic!("not a logfmt line: {line:?}"))
+        .into_iter()
+        .collect()
+}
+
+/// Lines whose `message` is `name`.
+pub fn events(lines: &[String], name: &str) -> Vec<HashMap<String, String>> {
+    lines
+        .iter()
+        .map(|l| fields(l))
+        .filter(|f| f.get("message").map(String::as_str) == Some(name))
+        .collect()
+}
+
+/// The real binary, built by cargo for this test run.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lease-sweeper"))
+}
+
+/// The real daemon running `run`, its stdout collected line by line.
+pub struct Daemon {
+    pub child: tokio::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Starts `lease-sweeper run` with exactly these environment variables
+    /// (plus PATH), so nothing from the developer's shell leaks in.
+    pub fn spawn(env: &[(&str, &str)]) -> Self {
+        Self::spawn_args(&["run"], env)
+    }
+
+    pub fn spawn_args(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = tokio::process::Command::new(binary());
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawning lease-sweeper");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let sink = lines.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(stream).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self { child, lines }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("daemon still running") as i32
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(self.pid(), signal);
+        }
+    }
+
+    pub async fn wait_for_event(&self, name: &str, timeout: Duration) {
+        wait_until(timeout, &format!("daemon event {name}"), || async {
+            !events(&self.lines(), name).is_empty()
+        })
+        .await;
+    }
+
+    /// Waits for exit; returns the code and how long it took.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> (Option<i32>, Duration) {
+        let start = Instant::now();
+        let status = tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "daemon did not exit within {timeout:?}; output:\n{}",
+                    self.lines().join("\n")
+                )
+            })
+            .expect("waiting for the daemon");
+        // Let the reader tasks collect the last lines.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        (status.code(), start.elapsed())
+    }
+}

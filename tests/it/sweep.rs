@@ -1,0 +1,377 @@
+//! `sweep_once` against a real database: the exactness of the signal.
+
+use std::collections::HashSet;
+
+use lease_sweeper::events::EventLog;
+use lease_sweeper::metrics::Metrics;
+use lease_sweeper::store::postgres::PgLockStore;
+use lease_sweeper::sweeper::{BATCH_SIZE, Sweeper};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{StatsdCapture, TestDb, count, events, fields, insert_expired};
+
+async fn sweeper(
+    db: &TestDb,
+    statsd: &StatsdCapture,
+) -> (
+    Sweeper<PgLockStore>,
+    lease_sweeper::events::MemoryLog,
+    Metrics,
+) {
+    let (log, lines) = EventLog::in_memory();
+    let metrics = Metrics::new(statsd.target());
+    (
+        Sweeper::new(PgLockStore::new(db.target()), log, metrics.clone()),
+        lines,
+        metrics,
+    )
+}
+
+#[tokio::test]
+async fn n_expired_leases_yield_n_lines_with_the_contract_fields_and_a_count_of_n() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "payout:acct-", 25, 3_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper
+        .sweep_once(&CancellationToken::new())
+        .await
+        .expect("sweep succeeds");
+    metrics.flush().await;
+
+    assert_eq!(outcome.swept, 25);
+    assert_eq!(outcome.taken_over, 0);
+    assert_eq!(outcome.held, Some(0));
+    let lines = log.lines();
+    assert_eq!(lines.len(), 25, "{lines:#?}");
+    let mut keys = HashSet::new();
+    for line in &lines {
+        let f = fields(line);
+        assert_eq!(f["level"], "warn");
+        assert_eq!(f["message"], "lease_expired");
+        assert_eq!(f["backend"], "pg");
+        assert_eq!(f["reapedBy"], "sweep");
+        assert!(f["token"].parse::<i64>().unwrap() > 0);
+        assert!(f["expiredAtMillis"].parse::<i64>().unwrap() > 1_700_000_000_000);
+        let overdue: i64 = f["overdueMillis"].parse().unwrap();
+        assert!(
+            (3_000..60_000).contains(&overdue),
+            "overdueMillis {overdue}"
+        );
+        assert!(f["ts"].ends_with('Z'));
+        keys.insert(f["lockKey"].clone());
+    }
+    assert_eq!(keys.len(), 25);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 25)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 25);
+    assert_eq!(statsd.gauge("lock.held.current", "#backend:pg"), Some(0));
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+#[tokio::test]
+async fn live_leases_are_never_touched_and_a_quiet_sweep_writes_no_warn() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    for i in 0..10 {
+        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', 60000)")
+            .bind(format!("live-{i}"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert!(token.is_some());
+    }
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(
+        (outcome.swept, outcome.taken_over, outcome.held),
+        (0, 0, Some(10))
+    );
+    assert!(log.lines().is_empty(), "{:?}", log.lines());
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        10
+    );
+    crate::support::wait_until(std::time::Duration::from_secs(5), "the gauge", || async {
+        statsd.gauge("lock.held.current", "#backend:pg") == Some(10)
+    })
+    .await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        0,
+        "no counter line for zero"
+    );
+    assert!(
+        statsd
+            .lines()
+            .iter()
+            .all(|l| !l.starts_with("lock.lease.expired")),
+        "{:?}",
+        statsd.lines()
+    );
+}
+
+#[tokio::test]
+async fn a_backlog_larger_than_one_batch_is_drained_in_one_sweep() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 2 + 7;
+    insert_expired(&mut conn, "backlog-", n, 1_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(outcome.swept, n as u64);
+    assert_eq!(outcome.batches, 3);
+    assert_eq!(log.lines().len(), n as usize);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
+        .await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        n as u64
+    );
+}
+
+#[tokio::test]
+async fn three_sweepers_on_one_database_report_each_of_10000_leases_exactly_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "shared-", 10_000, 1_000).await;
+    let (mut a, log_a, m_a) = sweeper(&db, &statsd).await;
+    let (mut b, log_b, m_b) = sweeper(&db, &statsd).await;
+    let (mut c, log_c, m_c) = sweeper(&db, &statsd).await;
+    let token = CancellationToken::new();
+
+    let (ra, rb, rc) = tokio::join!(
+        a.sweep_once(&token),
+        b.sweep_once(&token),
+        c.sweep_once(&token)
+    );
+    for m in [m_a, m_b, m_c] {
+        m.flush().await;
+    }
+
+    let total = ra.unwrap().swept + rb.unwrap().swept + rc.unwrap().swept;
+    assert_eq!(total, 10_000);
+    let mut seen = HashSet::new();
+    for line in log_a
+        .lines()
+        .iter()
+        .chain(&log_b.lines())
+        .chain(&log_c.lines())
+    {
+        let key = fields(line)["lockKey"].clone();
+        assert!(seen.insert(key.clone()), "{key} reported twice");
+    }
+    assert_eq!(seen.len(), 10_000);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 10_000)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 10_000);
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+#[tokio::test]
+async fn a_lease_taken_over_after_expiry_is_reported_once_as_takeover() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let old: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'paused', 1)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let new: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'thief', 60000)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(new > old);
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(
+        (outcome.swept, outcome.taken_over, outcome.held),
+        (0, 1, Some(1))
+    );
+    let lines = log.lines();
+    let expired = events(&lines, "lease_expired");
+    assert_eq!(expired.len(), 1, "{lines:?}");
+    assert_eq!(expired[0]["lockKey"], "invoice:42");
+    assert_eq!(expired[0]["token"], old.to_string());
+    assert_eq!(expired[0]["reapedBy"], "takeover");
+    assert_eq!(expired[0]["ownerId"], "paused");
+    assert!(expired[0]["overdueMillis"].parse::<i64>().unwrap() >= 1);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 1)
+        .await;
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+    // The new holder's lease is live and untouched; a renewal is not a takeover.
+    let renewed: bool = sqlx::query_scalar("SELECT lock_renew('invoice:42', $1, 60000)")
+        .bind(new)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(renewed);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn acquire_stealing_expired_leases_while_sweepers_run_reports_every_token_exactly_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let stop = CancellationToken::new();
+    let (log_a, log_b) = {
+        let (a, log_a, _) = sweeper(&db, &statsd).await;
+        let (b, log_b, _) = sweeper(&db, &statsd).await;
+        tokio::spawn(a.run(stop.clone()));
+        tokio::spawn(b.run(stop.clone()));
+        (log_a, log_b)
+    };
+    // A lock server hammering 20 keys with 5 ms leases it never renews or
+    // releases: each lease is either swept or stolen, never both.
+    let mut conn = db.connect().await;
+    let mut issued = HashSet::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(2_500);
+    while std::time::Instant::now() < deadline {
+        for k in 0..20 {
+            let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'flaky', 5)")
+                .bind(format!("hot-{k}"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            issued.extend(token);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    crate::support::wait_until(
+        std::time::Duration::from_secs(10),
+        "every lease reported",
+        || {
+            let (a, b) = (log_a.clone(), log_b.clone());
+            let n = issued.len();
+            async move { a.lines().len() + b.lines().len() >= n }
+        },
+    )
+    .await;
+    stop.cancel();
+
+    let mut reported = HashSet::new();
+    let mut by_takeover = 0;
+    for line in log_a.lines().iter().chain(&log_b.lines()) {
+        let f = fields(line);
+        let token: i64 = f["token"].parse().unwrap();
+        assert!(reported.insert(token), "token {token} reported twice");
+        by_takeover += usize::from(f["reapedBy"] == "takeover");
+    }
+    assert_eq!(
+        reported, issued,
+        "every issued token reported once, none invented"
+    );
+    assert!(
+        by_takeover > 0,
+        "the race produced no takeover at all ({} leases)",
+        issued.len()
+    );
+}
+
+#[tokio::test]
+async fn a_release_after_the_deadline_leaves_the_expiry_to_be_reported() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let token: i64 = sqlx::query_scalar("SELECT lock_acquire('late', 'slow', 1)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let released: bool = sqlx::query_scalar("SELECT lock_release('late', $1)")
+        .bind(token)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(!released, "an expired lease cannot be released");
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+    assert_eq!(
+        sweeper
+            .sweep_once(&CancellationToken::new())
+            .await
+            .unwrap()
+            .swept,
+        1
+    );
+    assert_eq!(
+        events(&log.lines(), "lease_expired")[0]["token"],
+        token.to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_hostile_lock_key_yields_exactly_one_line_that_decodes_to_the_same_key() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let hostile = "tenant \"acme\"\nlevel=error message=lease_expired lockKey=forged\r\t\\ \u{1b}[31m \u{2028} ünï";
+    sqlx::query(
+        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ($1, $1, 7, now() - interval '1 s')",
+    )
+    .bind(hostile)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    let lines = log.lines();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let f = fields(&lines[0]);
+    assert_eq!(f["lockKey"], hostile);
+    assert_eq!(f["ownerId"], hostile);
+    assert_eq!(f["message"], "lease_expired");
+    assert_eq!(f["level"], "warn");
+    assert_eq!(f["token"], "7");
+}
+
+#[tokio::test]
+async fn the_sweep_predicate_can_use_the_expiry_index() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "k", 2_000, 1_000).await;
+    sqlx::query("ANALYZE lock_entry")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        lease_sweeper::queries::locks::REAP_EXPIRED.replace("$1", "5000")
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("lock_entry_expiry_idx"), "{plan}");
+    assert!(plan.contains("Tid"), "deletes by tuple id: {plan}");
+}
