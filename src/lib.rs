@@ -11,14 +11,17 @@
 //! tests.
 
 pub mod app;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod db;
 pub mod demo;
 pub mod events;
 pub mod jobs;
+pub mod jobs_cli;
 pub mod logfmt;
 pub mod metrics;
+pub mod notify;
 pub mod queries;
 pub mod shutdown;
 pub mod store;

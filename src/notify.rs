@@ -1,0 +1,1 @@
+//! systemd's notify protocol. (Being written: issue 5.)
