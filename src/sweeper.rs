@@ -254,3 +254,198 @@ impl ErrorLog {
         *self = Self::new(self.what);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::config::StatsdTarget;
+    use crate::store::ReapedBy;
+
+    /// What the stub's next `reap_expired` call does.
+    enum Step {
+        Reap(usize),
+        Fail,
+        /// Reap this many, then fire the token (a signal arriving mid-drain).
+        ReapThenCancel(usize, CancellationToken),
+    }
+
+    #[derive(Clone, Default)]
+    struct Stub {
+        script: Arc<Mutex<VecDeque<Step>>>,
+        reap_calls: Arc<Mutex<u32>>,
+    }
+
+    impl Stub {
+        fn new(steps: Vec<Step>) -> Self {
+            Self {
+                script: Arc::new(Mutex::new(steps.into())),
+                reap_calls: Arc::default(),
+            }
+        }
+        fn calls(&self) -> u32 {
+            *self.reap_calls.lock().unwrap()
+        }
+    }
+
+    fn leases(n: usize) -> Vec<ExpiredLease> {
+        (0..n)
+            .map(|i| ExpiredLease {
+                lock_key: format!("k{i}"),
+                owner_id: "o".into(),
+                token: i as i64,
+                expired_at_millis: 0,
+                overdue_millis: 5,
+                reaped_by: ReapedBy::Sweep,
+            })
+            .collect()
+    }
+
+    impl LockStore for Stub {
+        fn backend_id(&self) -> &'static str {
+            "stub"
+        }
+
+        async fn reap_expired(
+            &mut self,
+            limit: usize,
+            report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+        ) -> Result<usize, StoreError> {
+            *self.reap_calls.lock().unwrap() += 1;
+            let step = self
+                .script
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Step::Reap(0));
+            let n = match step {
+                Step::Reap(n) => n,
+                Step::Fail => {
+                    return Err(StoreError::Query {
+                        query: "reap_expired",
+                        cause: "boom".into(),
+                    });
+                }
+                Step::ReapThenCancel(n, token) => {
+                    token.cancel();
+                    n
+                }
+            };
+            assert!(n <= limit);
+            report(&leases(n)).map_err(StoreError::Report)?;
+            Ok(n)
+        }
+
+        async fn drain_takeovers(
+            &mut self,
+            _limit: usize,
+            _report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+        ) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+
+        async fn held_count(&mut self) -> Result<i64, StoreError> {
+            Ok(3)
+        }
+    }
+
+    fn sweeper(stub: &Stub) -> (Sweeper<Stub>, crate::events::MemoryLog) {
+        let (log, lines) = EventLog::in_memory();
+        // Port 9 (discard) on loopback: metrics are not what these tests check.
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        (Sweeper::new(stub.clone(), log, metrics), lines)
+    }
+
+    #[tokio::test]
+    async fn full_batches_are_followed_by_more_until_a_short_one() {
+        let stub = Stub::new(vec![
+            Step::Reap(BATCH_SIZE),
+            Step::Reap(BATCH_SIZE),
+            Step::Reap(3),
+            Step::Reap(99),
+        ]);
+        let (mut sweeper, lines) = sweeper(&stub);
+
+        let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(outcome.swept, 2 * BATCH_SIZE as u64 + 3);
+        assert_eq!(outcome.batches, 3);
+        assert_eq!(outcome.held, Some(3));
+        assert_eq!(stub.calls(), 3, "a short batch ends the drain");
+        assert_eq!(lines.lines().len(), 2 * BATCH_SIZE + 3);
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_mid_drain_stops_between_batches() {
+        let token = CancellationToken::new();
+        let stub = Stub::new(vec![
+            Step::ReapThenCancel(BATCH_SIZE, token.clone()),
+            Step::Reap(BATCH_SIZE),
+        ]);
+        let (mut sweeper, lines) = sweeper(&stub);
+
+        let outcome = sweeper.sweep_once(&token).await.unwrap();
+
+        assert!(outcome.interrupted);
+        assert_eq!((outcome.swept, stub.calls()), (BATCH_SIZE as u64, 1));
+        assert_eq!(
+            lines.lines().len(),
+            BATCH_SIZE,
+            "the finished batch was reported"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_fails_the_sweep_but_not_the_loop() {
+        let stub = Stub::new(vec![Step::Fail, Step::Reap(2)]);
+        let (sweeper, lines) = sweeper(&stub);
+        let token = CancellationToken::new();
+        let task = tokio::spawn(sweeper.run(token.clone()));
+
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lines.lines().len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the sweep after the failure never reported"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        token.cancel();
+        task.await.unwrap();
+
+        assert!(stub.calls() >= 2);
+        assert_eq!(lines.lines().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_log_fails_the_batch_instead_of_losing_lines() {
+        struct Broken;
+        impl std::io::Write for Broken {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let stub = Stub::new(vec![Step::Reap(4)]);
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let mut sweeper =
+            Sweeper::new(stub.clone(), EventLog::to_writer(Box::new(Broken)), metrics);
+
+        let err = sweeper
+            .sweep_once(&CancellationToken::new())
+            .await
+            .unwrap_err();
+
+        assert!(matches!(err, StoreError::Report(_)), "{err}");
+    }
+}

@@ -375,3 +375,55 @@ async fn the_sweep_predicate_can_use_the_expiry_index() {
     assert!(plan.contains("lock_entry_expiry_idx"), "{plan}");
     assert!(plan.contains("Tid"), "deletes by tuple id: {plan}");
 }
+
+#[tokio::test]
+async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_lost() {
+    struct BrokenPipe;
+    impl std::io::Write for BrokenPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "kept-", 12, 1_000).await;
+    let metrics = Metrics::new(statsd.target());
+    let mut broken = Sweeper::new(
+        PgLockStore::new(db.target()),
+        EventLog::to_writer(Box::new(BrokenPipe)),
+        metrics.clone(),
+    );
+
+    let err = broken
+        .sweep_once(&CancellationToken::new())
+        .await
+        .unwrap_err();
+
+    assert!(err.to_string().contains("batch rolled back"), "{err}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        12,
+        "no lease deleted without its line"
+    );
+    // A healthy sweeper then reports all twelve.
+    let (mut healthy, log, _) = sweeper(&db, &statsd).await;
+    assert_eq!(
+        healthy
+            .sweep_once(&CancellationToken::new())
+            .await
+            .unwrap()
+            .swept,
+        12
+    );
+    assert_eq!(log.lines().len(), 12);
+    metrics.flush().await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        0,
+        "the failed batch counted nothing"
+    );
+}
