@@ -53,13 +53,18 @@ pub async fn run_daemon() -> anyhow::Result<()> {
         "starting"
     );
     let actor = format!("lease-sweeper@{}", hostname());
+    // systemd: READY=1 and WATCHDOG=1 from the loop, STOPPING=1 on the signal.
+    let notifier = crate::notify::Notifier::from_env();
+    notifier.stop_on(shutdown.clone());
     let sweeper = Sweeper::new(
         PgLockStore::new(db.clone()),
         EventLog::stdout(),
         Metrics::new(statsd),
     )
-    .with_jobs(JobReaper::new(db, actor));
+    .with_jobs(JobReaper::new(db, actor))
+    .on_sweep(notifier.sweep_hook());
     sweeper.run(shutdown).await;
+    notifier.stopping();
     Ok(())
 }
 

@@ -1,7 +1,553 @@
-//! `lease-sweeper check`: the operator's preflight. (Being written: issue 5.)
+//! `lease-sweeper check`: the operator's preflight, also run by systemd's
+//! `ExecStartPre`.
+//!
+//! Owns the list of what the daemon needs from its environment and checking
+//! each item once: the connection (with a short timeout), the migration
+//! version, the tables, indexes and functions, the connecting role's
+//! privileges, and that the StatsD host resolves. It prints one line per check
+//! (`ok` or `FAIL` with what to do) on stdout and a summary, and exits 0 when
+//! all pass, 1 otherwise (2 stays "configuration error", as everywhere).
+//!
+//! It changes nothing and never prints a password: the database is named by
+//! `DbTarget::display`, and every error text goes through its redactor.
+//!
+//! It is data-driven on purpose: the schema grows in `migrations/` by other
+//! hands, and adding a table, index, function or grant to check is one line in
+//! `EXPECTED` or `GRANTS`. It does not own the SQL of the sweep, nor decide
+//! whether a failed check blocks the daemon (the unit file does).
 
+use std::fmt;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
+use sqlx::PgConnection;
+
+use crate::config::{DbTarget, Redactor, StatsdTarget};
+
+/// How long the preflight waits for the database. Shorter than the daemon's
+/// own connect timeout: a preflight is interactive or blocks a unit's start.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long resolving the StatsD host may take.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Said whenever part of the schema is missing.
+const MIGRATE_HINT: &str = "run `lease-sweeper migrate` with a role that may create objects";
+
+/// A database object the daemon or its commands rely on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Object {
+    /// A table, looked up through the connecting role's `search_path`.
+    Table(&'static str),
+    /// An index, which must also be valid (not a failed concurrent build).
+    Index(&'static str),
+    /// A function, by name, whatever its argument list.
+    Function(&'static str),
+}
+
+impl Object {
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Table(_) => "table",
+            Self::Index(_) => "index",
+            Self::Function(_) => "function",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Table(n) | Self::Index(n) | Self::Function(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for Object {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind(), self.name())
+    }
+}
+
+/// The schema to find, in the order it is reported. One line per object.
+pub const EXPECTED: &[Object] = &[
+    // Lock leases (migrations/20261129000100_lock_leases.sql).
+    Object::Table("lock_session"),
+    Object::Table("lock_entry"),
+    Object::Table("lock_expiry_outbox"),
+    Object::Index("lock_entry_expiry_idx"),
+    Object::Function("lock_acquire"),
+    Object::Function("lock_renew"),
+    Object::Function("lock_release"),
+    // Job leases (migrations/20261129000200_job_queue.sql).
+    Object::Table("job_queue"),
+    Object::Table("job_dead_letter"),
+    Object::Table("queue_setting"),
+    Object::Index("job_queue_lease_until_idx"),
+    Object::Function("fn_job_reap_stale_leases_dry_run"),
+    Object::Function("fn_job_reap_stale_leases_apply"),
+    Object::Function("fn_queue_setting_set"),
+];
+
+/// A privilege the daemon's role needs, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Grant {
+    pub on: Object,
+    pub privileges: &'static [&'static str],
+    pub why: &'static str,
+}
+
+/// What `run` does with the connecting role's rights. One line per object.
+pub const GRANTS: &[Grant] = &[
+    Grant {
+        on: Object::Table("lock_entry"),
+        // SELECT … FOR UPDATE needs UPDATE as well as SELECT.
+        privileges: &["SELECT", "UPDATE", "DELETE"],
+        why: "the sweep locks and deletes expired leases",
+    },
+    Grant {
+        on: Object::Table("lock_expiry_outbox"),
+        privileges: &["SELECT", "UPDATE", "DELETE"],
+        why: "the sweep locks and drains recorded takeovers",
+    },
+    Grant {
+        on: Object::Table("queue_setting"),
+        privileges: &["SELECT"],
+        why: "the daemon reads the queue gates",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_stale_leases_dry_run"),
+        privileges: &["EXECUTE"],
+        why: "the queue.lease.stale.current gauge",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_stale_leases_apply"),
+        privileges: &["EXECUTE"],
+        why: "the daemon reaps stale job leases when the gates allow",
+    },
+];
+
+/// One check's result: one output line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    pub ok: bool,
+    /// What was checked, e.g. `table lock_entry`.
+    pub what: String,
+    /// What was found, or what to do about it.
+    pub detail: String,
+}
+
+impl Line {
+    fn ok(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            ok: true,
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    fn fail(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.ok { "ok" } else { "FAIL" };
+        write!(f, "{status:<4}  {}: {}", self.what, self.detail)
+    }
+}
+
+/// Every check's line, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub lines: Vec<Line>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.lines.iter().all(|l| l.ok)
+    }
+
+    pub fn failed(&self) -> usize {
+        self.lines.iter().filter(|l| !l.ok).count()
+    }
+
+    /// The last line: a verdict an operator can read without scrolling.
+    pub fn summary(&self) -> String {
+        if self.passed() {
+            format!("check passed: all {} checks ok", self.lines.len())
+        } else {
+            format!(
+                "check FAILED: {} of {} checks failed (see the FAIL lines above)",
+                self.failed(),
+                self.lines.len()
+            )
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for line in &self.lines {
+            writeln!(f, "{line}")?;
+        }
+        writeln!(f, "{}", self.summary())
+    }
+}
+
+/// `lease-sweeper check`: reads the environment like `run`, prints the report
+/// on stdout, exits 0 when every check passed and 1 otherwise.
 pub async fn run() -> anyhow::Result<ExitCode> {
-    anyhow::bail!("check is not implemented yet")
+    let db = DbTarget::from_env()?;
+    let statsd = StatsdTarget::from_env()?;
+    let report = preflight(&db, &statsd).await;
+    print!("{report}");
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Runs every check against `db` and `statsd`; never fails, reports.
+pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
+    let mut report = Report::default();
+    let redactor = db.redactor();
+    match connect(db).await {
+        Ok((mut conn, line)) => {
+            report.lines.push(line);
+            database_checks(&mut conn, &redactor, &mut report.lines).await;
+            // Best effort: the server ends the session anyway when we exit.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), sqlx::Connection::close(conn)).await;
+        }
+        Err(line) => {
+            report.lines.push(line);
+            report.lines.push(Line::fail(
+                "schema and privileges",
+                "not checked without a database connection",
+            ));
+        }
+    }
+    report.lines.push(resolve_statsd(statsd).await);
+    report
+}
+
+async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
+    let what = format!("connect {}", db.display());
+    let started = Instant::now();
+    let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, crate::db::connect(db)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            return Err(Line::fail(
+                what,
+                format!(
+                    "{}; check LOCKDB_URL, that the server runs and accepts this host and role",
+                    db.redactor().redact(&e.to_string())
+                ),
+            ));
+        }
+        Err(_) => {
+            return Err(Line::fail(
+                what,
+                format!(
+                    "no answer within {} s; check the host, port and firewall",
+                    CONNECT_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+    };
+    let took = started.elapsed().as_millis();
+    let who: Result<(String, String, bool), _> = sqlx::query_as(
+        "SELECT current_user::text, current_setting('server_version'),
+                (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+    )
+    .fetch_one(&mut conn)
+    .await;
+    match who {
+        Ok((role, version, superuser)) => {
+            let note = if superuser {
+                "; superuser: every privilege check passes, prefer a least-privilege role"
+            } else {
+                ""
+            };
+            Ok((
+                conn,
+                Line::ok(
+                    what,
+                    format!("as role {role}, PostgreSQL {version}, {took} ms{note}"),
+                ),
+            ))
+        }
+        Err(e) => Err(Line::fail(
+            what,
+            db.redactor().redact(&crate::db::describe(&e)),
+        )),
+    }
+}
+
+async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
+    lines.push(migrations(conn, redactor).await);
+    for object in EXPECTED {
+        lines.push(
+            exists(conn, *object)
+                .await
+                .unwrap_or_else(|e| query_failed(object.to_string(), redactor, &e)),
+        );
+    }
+    for grant in GRANTS {
+        let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
+        lines.push(
+            granted(conn, grant, &what)
+                .await
+                .unwrap_or_else(|e| query_failed(what, redactor, &e)),
+        );
+    }
+}
+
+fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
+    Line::fail(what, redactor.redact(&crate::db::describe(err)))
+}
+
+/// Compares the database's `_sqlx_migrations` with the migrations built in.
+async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
+    const WHAT: &str = "migrations";
+    let table: Option<String> =
+        match sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => return query_failed(WHAT.into(), redactor, &e),
+        };
+    if table.is_none() {
+        return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}"));
+    }
+    let applied: Vec<(i64, bool, Vec<u8>)> =
+        match sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                let mut line = query_failed(WHAT.into(), redactor, &e);
+                if e.as_database_error()
+                    .and_then(|d| d.code())
+                    .is_some_and(|c| c == "42501")
+                {
+                    line.detail
+                        .push_str("; GRANT SELECT ON _sqlx_migrations to this role");
+                }
+                return line;
+            }
+        };
+    let built: Vec<_> = crate::db::MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .collect();
+    let mut pending = Vec::new();
+    let mut changed = Vec::new();
+    let mut failed = Vec::new();
+    for m in &built {
+        match applied.iter().find(|(v, _, _)| *v == m.version) {
+            None => pending.push(m.version.to_string()),
+            Some((_, false, _)) => failed.push(m.version.to_string()),
+            Some((_, true, sum)) if sum.as_slice() != &*m.checksum => {
+                changed.push(m.version.to_string())
+            }
+            Some(_) => {}
+        }
+    }
+    let newer: Vec<String> = applied
+        .iter()
+        .filter(|(v, _, _)| built.iter().all(|m| m.version != *v))
+        .map(|(v, _, _)| v.to_string())
+        .collect();
+    let latest = built.iter().map(|m| m.version).max().unwrap_or(0);
+    if !failed.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} partially applied (success=false); fix the schema by hand, delete its row from _sqlx_migrations, then run `lease-sweeper migrate`",
+                failed.join(", ")
+            ),
+        );
+    }
+    if !changed.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} applied with a different checksum than this binary's; the database and binary disagree on the schema, deploy matching versions",
+                changed.join(", ")
+            ),
+        );
+    }
+    if !pending.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} of {} pending ({}); {MIGRATE_HINT}",
+                pending.len(),
+                built.len(),
+                pending.join(", ")
+            ),
+        );
+    }
+    let mut detail = format!("all {} applied (latest {latest})", built.len());
+    if !newer.is_empty() {
+        // A rolling upgrade migrates before the last old binary stops.
+        detail.push_str(&format!(
+            "; the database also has {} newer ({}), fine while an upgrade rolls out",
+            newer.len(),
+            newer.join(", ")
+        ));
+    }
+    Line::ok(WHAT, detail)
+}
+
+/// Whether `object` exists, as this role's `search_path` resolves it.
+async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::Error> {
+    let what = object.to_string();
+    let missing = || Line::fail(object.to_string(), format!("missing; {MIGRATE_HINT}"));
+    match object {
+        Object::Table(name) | Object::Index(name) => {
+            let found: Option<(String, Option<bool>, String)> = sqlx::query_as(
+                "SELECT c.relkind::text,
+                        (SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = c.oid),
+                        n.nspname::text
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE c.oid = to_regclass($1)",
+            )
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((relkind, valid, schema)) = found else {
+                return Ok(missing());
+            };
+            let want_index = matches!(object, Object::Index(_));
+            let is_index = matches!(relkind.as_str(), "i" | "I");
+            let is_table = matches!(relkind.as_str(), "r" | "p");
+            Ok(if want_index && !is_index || !want_index && !is_table {
+                Line::fail(
+                    what,
+                    format!("{schema}.{name} exists but is not a {}", object.kind()),
+                )
+            } else if valid == Some(false) {
+                Line::fail(
+                    what,
+                    format!(
+                        "{schema}.{name} is INVALID (a failed concurrent build); REINDEX INDEX {schema}.{name}"
+                    ),
+                )
+            } else {
+                Line::ok(what, format!("{schema}.{name}"))
+            })
+        }
+        Object::Function(name) => {
+            let schemas: Vec<String> = sqlx::query_scalar(
+                "SELECT DISTINCT n.nspname::text
+                   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                  WHERE p.proname = $1 AND pg_function_is_visible(p.oid)",
+            )
+            .bind(name)
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok(match schemas.as_slice() {
+                [] => missing(),
+                found => Line::ok(what, format!("{}.{name}", found.join(","))),
+            })
+        }
+    }
+}
+
+/// Whether the connecting role holds every privilege of `grant`.
+async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<Line, sqlx::Error> {
+    let privileges: Vec<String> = grant.privileges.iter().map(|p| (*p).to_owned()).collect();
+    // NULL when the object is missing; else the privileges this role lacks.
+    let lacking: Option<Vec<String>> = match grant.on {
+        Object::Table(name) | Object::Index(name) => {
+            sqlx::query_scalar(
+                "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE
+                        coalesce(array_agg(p) FILTER (WHERE NOT has_table_privilege(to_regclass($1), p)), '{}')
+                        END
+                   FROM unnest($2::text[]) AS p",
+            )
+            .bind(name)
+            .bind(&privileges)
+            .fetch_one(&mut *conn)
+            .await?
+        }
+        Object::Function(name) => {
+            // Every visible overload must be callable.
+            sqlx::query_scalar(
+                "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_proc f
+                                               WHERE f.proname = $1 AND pg_function_is_visible(f.oid))
+                        THEN NULL ELSE
+                        coalesce(array_agg(DISTINCT p) FILTER (WHERE NOT has_function_privilege(f.oid, p)), '{}')
+                        END
+                   FROM unnest($2::text[]) AS p
+                   LEFT JOIN pg_proc f ON f.proname = $1 AND pg_function_is_visible(f.oid)",
+            )
+            .bind(name)
+            .bind(&privileges)
+            .fetch_one(&mut *conn)
+            .await?
+        }
+    };
+    Ok(match lacking {
+        None => Line::fail(what, format!("{} is missing; {MIGRATE_HINT}", grant.on)),
+        Some(lacking) if lacking.is_empty() => Line::ok(what, grant.why),
+        Some(lacking) => {
+            let (keyword, target) = match grant.on {
+                Object::Function(name) => ("FUNCTION", name),
+                Object::Table(name) | Object::Index(name) => ("TABLE", name),
+            };
+            Line::fail(
+                what,
+                format!(
+                    "this role lacks {}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
+                    lacking.join(", "),
+                    grant.why,
+                    lacking.join(", ")
+                ),
+            )
+        }
+    })
+}
+
+/// Whether the StatsD host resolves. Delivery over UDP cannot be confirmed,
+/// and the daemon starts without it; the preflight still flags it.
+async fn resolve_statsd(statsd: &StatsdTarget) -> Line {
+    let what = format!("statsd {statsd}");
+    let lookup = tokio::net::lookup_host((statsd.host.as_str(), statsd.port));
+    match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
+        Ok(Ok(addrs)) => {
+            let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
+            if addrs.is_empty() {
+                Line::fail(what, "resolves to no address; check STATSD_HOST")
+            } else {
+                Line::ok(
+                    what,
+                    format!(
+                        "resolves to {} (UDP: delivery is not confirmed)",
+                        addrs.join(", ")
+                    ),
+                )
+            }
+        }
+        Ok(Err(e)) => Line::fail(
+            what,
+            format!("does not resolve ({e}); check STATSD_HOST and DNS"),
+        ),
+        Err(_) => Line::fail(
+            what,
+            format!(
+                "no DNS answer within {} s; check STATSD_HOST and DNS",
+                RESOLVE_TIMEOUT.as_secs()
+            ),
+        ),
+    }
 }

@@ -1,1 +1,117 @@
-//! systemd's notify protocol. (Being written: issue 5.)
+//! systemd's notify protocol for `run`: `READY=1` once the sweep loop runs,
+//! `WATCHDOG=1` after every sweep, `STOPPING=1` when shutdown starts.
+//!
+//! Owns only what is said to the service manager and when; the datagrams are
+//! sent by the `sd-notify` crate to the socket named in `NOTIFY_SOCKET`. Without
+//! that variable (a shell, a container, a test) every call is a no-op. It does
+//! not decide when the daemon stops (`shutdown` does) nor how often it sweeps
+//! (`sweeper` does).
+//!
+//! Why from the sweep loop and not a timer: the watchdog must notice a wedged
+//! loop, so the ping is sent by the loop itself (through `Sweeper::on_sweep`,
+//! called after every sweep, failed or not). A database that is down is not a
+//! wedged loop: the sweep fails fast, is logged, and the ping still goes out,
+//! so systemd never restarts the daemon for something a restart cannot fix.
+//! `READY=1` rides on the first ping, so "ready" means "one sweep has run".
+//!
+//! A failure to notify is logged once and never stops the daemon.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// The environment variable systemd sets for `Type=notify` services.
+const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+
+/// Shown by `systemctl status` while the daemon runs.
+const STATUS_RUNNING: &str = "sweeping expired leases";
+/// Shown by `systemctl status` while the daemon drains.
+const STATUS_STOPPING: &str = "finishing the batch in flight, flushing StatsD";
+
+/// Talks to systemd on behalf of `run`. Cheap to clone; all clones share state.
+#[derive(Clone, Default)]
+pub struct Notifier {
+    state: Arc<State>,
+}
+
+#[derive(Default)]
+struct State {
+    ready: AtomicBool,
+    stopping: AtomicBool,
+    /// Set after the first failed send, so a broken socket is reported once.
+    failed: AtomicBool,
+}
+
+impl Notifier {
+    /// A notifier for this process; logs whether systemd is listening.
+    pub fn from_env() -> Self {
+        if std::env::var_os(NOTIFY_SOCKET).is_some() {
+            info!(
+                watchdogMillis = watchdog().map_or(0, |d| d.as_millis() as u64),
+                "systemd_notify_enabled"
+            );
+        }
+        Self::default()
+    }
+
+    /// The hook for `Sweeper::on_sweep`: `READY=1` (first time) and `WATCHDOG=1`.
+    pub fn sweep_hook(&self) -> impl FnMut() + Send + 'static {
+        let this = self.clone();
+        move || this.swept()
+    }
+
+    /// One sweep finished (failed or not): the loop is alive.
+    pub fn swept(&self) {
+        if self.state.stopping.load(Ordering::SeqCst) {
+            // After STOPPING=1 a READY=1 would confuse systemd's state machine.
+            return;
+        }
+        if self.state.ready.swap(true, Ordering::SeqCst) {
+            self.send(&[NotifyState::Watchdog]);
+        } else {
+            self.send(&[
+                NotifyState::Ready,
+                NotifyState::Status(STATUS_RUNNING),
+                NotifyState::Watchdog,
+            ]);
+        }
+    }
+
+    /// Shutdown started; sent once however often it is called.
+    pub fn stopping(&self) {
+        if !self.state.stopping.swap(true, Ordering::SeqCst) {
+            self.send(&[NotifyState::Stopping, NotifyState::Status(STATUS_STOPPING)]);
+        }
+    }
+
+    /// Sends `STOPPING=1` as soon as `shutdown` fires, so systemd shows the
+    /// drain while it happens rather than after it. Needs a Tokio runtime.
+    pub fn stop_on(&self, shutdown: CancellationToken) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            this.stopping();
+        });
+    }
+
+    fn send(&self, states: &[NotifyState<'_>]) {
+        if let Err(e) = sd_notify::notify(states) {
+            if !self.state.failed.swap(true, Ordering::SeqCst) {
+                warn!(
+                    socket = std::env::var(NOTIFY_SOCKET).unwrap_or_default(),
+                    error = %e,
+                    "systemd_notify_failed"
+                );
+            }
+        }
+    }
+}
+
+/// The watchdog interval systemd asked for (`WATCHDOG_USEC`), if any.
+pub fn watchdog() -> Option<Duration> {
+    sd_notify::watchdog_enabled()
+}

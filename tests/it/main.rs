@@ -4,3 +4,4 @@
 mod daemon;
 mod support;
 mod sweep;
+mod systemd;
