@@ -82,6 +82,8 @@ pub const EXPECTED: &[Object] = &[
     Object::Table("job_dead_letter"),
     Object::Table("queue_setting"),
     Object::Index("job_queue_lease_until_idx"),
+    Object::Function("fn_job_reaper_gate_refusal"),
+    Object::Function("fn_job_reaper_limit_refusal"),
     Object::Function("fn_job_reap_stale_leases_dry_run"),
     Object::Function("fn_job_reap_stale_leases_apply"),
     Object::Function("fn_queue_setting_set"),
@@ -112,6 +114,23 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Table("queue_setting"),
         privileges: &["SELECT"],
         why: "the daemon reads the queue gates",
+    },
+    // The gate check and the dry run are SECURITY INVOKER: they read with
+    // the caller's rights. The apply is SECURITY DEFINER: EXECUTE suffices.
+    Grant {
+        on: Object::Table("job_queue"),
+        privileges: &["SELECT"],
+        why: "the dry run behind queue.lease.stale.current reads it",
+    },
+    Grant {
+        on: Object::Function("fn_job_reaper_gate_refusal"),
+        privileges: &["EXECUTE"],
+        why: "the daemon asks the gates before each apply",
+    },
+    Grant {
+        on: Object::Function("fn_job_reaper_limit_refusal"),
+        privileges: &["EXECUTE"],
+        why: "the dry run calls it",
     },
     Grant {
         on: Object::Function("fn_job_reap_stale_leases_dry_run"),
@@ -339,7 +358,7 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
                     .is_some_and(|c| c == "42501")
                 {
                     line.detail
-                        .push_str("; GRANT SELECT ON _sqlx_migrations to this role");
+                        .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
                 }
                 return line;
             }
