@@ -3,6 +3,7 @@
 
 mod check;
 mod daemon;
+mod faults;
 mod support;
 mod sweep;
 mod systemd;

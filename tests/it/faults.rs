@@ -1,0 +1,1015 @@
+//! Faults against the real binary, a real PostgreSQL and real UDP: crashes,
+//! graceful stops mid-drain, a database that is down or crashes, row locks
+//! held for a long time, a StatsD agent that is gone, and a host clock that is
+//! wrong.
+//!
+//! Each test checks the accounting invariant: every lease deleted or taken
+//! over is reported at least once, nothing is reported that did not expire,
+//! and a duplicate only ever repeats the same `lockKey`+`token` from a crash
+//! window. Each prints its measured figures (`eprintln!`, shown with
+//! `--nocapture`) so docs/reliability.md can quote them.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use lease_sweeper::sweeper::BATCH_SIZE;
+use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
+use sqlx::{Connection as _, PgConnection};
+
+use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired, wait_until};
+
+/// `(lockKey, token)` of every `lease_expired` line, in output order.
+///
+/// Every line must decode, except that a process killed with SIGKILL may have
+/// left its very last line half-written (`allow_torn_tail`); that line's
+/// batch was never committed, so the next sweeper reports it again.
+fn reported(lines: &[String], allow_torn_tail: bool) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(pairs) = lease_sweeper::logfmt::decode_line(line) else {
+            assert!(
+                allow_torn_tail && i + 1 == lines.len(),
+                "line {i} of {} does not decode: {line:?}",
+                lines.len()
+            );
+            eprintln!("torn last line after SIGKILL ({} bytes)", line.len());
+            continue;
+        };
+        let f: HashMap<String, String> = pairs.into_iter().collect();
+        if f.get("message").map(String::as_str) == Some("lease_expired") {
+            assert_eq!(f["level"], "warn", "{line}");
+            out.push((f["lockKey"].clone(), f["token"].parse().expect("token")));
+        }
+    }
+    out
+}
+
+/// Cheap count of signal lines, for polling while 100,000s of lines arrive.
+fn lease_lines(daemon: &Daemon) -> usize {
+    daemon
+        .lines()
+        .iter()
+        .filter(|l| l.contains(" message=lease_expired "))
+        .count()
+}
+
+fn env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("LOCKDB_URL", url),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", statsd_port),
+    ]
+}
+
+/// Every lease in the table: key → token.
+async fn leases(conn: &mut PgConnection) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>("SELECT lock_key, token FROM lock_entry")
+        .fetch_all(conn)
+        .await
+        .expect("reading lock_entry")
+        .into_iter()
+        .collect()
+}
+
+/// Asserts that each report names an inserted lease with its own token, and
+/// that one process never reports the same lease twice. Returns the keys.
+fn check_reports(
+    who: &str,
+    reports: &[(String, i64)],
+    inserted: &HashMap<String, i64>,
+) -> HashSet<String> {
+    let mut keys = HashSet::with_capacity(reports.len());
+    for (key, token) in reports {
+        assert_eq!(
+            inserted.get(key),
+            Some(token),
+            "{who} reported {key:?}/{token}, which was never an expired lease"
+        );
+        assert!(keys.insert(key.clone()), "{who} reported {key:?} twice");
+    }
+    keys
+}
+
+/// Holds the COMMIT of the batch that deletes `key` until the test releases
+/// advisory lock 4242: a deferred constraint trigger runs at commit time,
+/// after the daemon has written and flushed that batch's lines. Killing the
+/// daemon then is the crash window, hit deterministically rather than by luck.
+/// `client_connection_check_interval` lets the server notice the dead client
+/// while it waits and roll the batch back, as it would after a host crash.
+async fn hold_commit_of_batch_deleting(conn: &mut PgConnection, db: &TestDb, key: &str) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE CONSTRAINT TRIGGER test_crash_window AFTER DELETE ON lock_entry
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+           WHEN (OLD.lock_key = '{key}') EXECUTE FUNCTION test_hold_commit();
+         ALTER DATABASE {} SET client_connection_check_interval = '100ms';
+         SELECT pg_advisory_lock(4242);",
+        db.name
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+}
+
+async fn release_held_commit(conn: &mut PgConnection) {
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+/// Polls a one-number query (bound to `db`'s name as `$1`) every 20 ms
+/// until `ok` accepts its value.
+async fn wait_sql(
+    conn: &mut PgConnection,
+    db: &TestDb,
+    sql: &'static str,
+    what: &str,
+    ok: impl Fn(i64) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v: i64 = sqlx::query_scalar(sql)
+            .bind(&db.name)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        if ok(v) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} (last {v})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The daemon's connections (its `application_name`) to the test database.
+const SWEEPER_BACKENDS: &str = "SELECT count(*) FROM pg_stat_activity
+  WHERE datname = $1 AND application_name = 'lease-sweeper'";
+/// Those of them waiting on a lock.
+const SWEEPER_BACKENDS_WAITING: &str = "SELECT count(*) FROM pg_stat_activity
+  WHERE datname = $1 AND application_name = 'lease-sweeper' AND wait_event_type = 'Lock'";
+
+#[tokio::test]
+async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_most_one_batch() {
+    const LEASES: i64 = 200_000;
+    const MARKER: &str = "backlog-100000";
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "backlog-", LEASES, 60_000).await;
+    let inserted = leases(&mut conn).await;
+    assert_eq!(inserted.len(), LEASES as usize);
+    hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
+
+    let statsd_a = StatsdCapture::start().await;
+    let port_a = statsd_a.port.to_string();
+    let started = Instant::now();
+    let mut a = Daemon::spawn(&env(&db.url, &port_a));
+    wait_until(Duration::from_secs(60), "the marker's line", || async {
+        a.lines()
+            .iter()
+            .any(|l| l.contains(" lockKey=backlog-100000 "))
+    })
+    .await;
+    let held = Instant::now();
+    wait_sql(
+        &mut conn,
+        &db,
+        SWEEPER_BACKENDS_WAITING,
+        "the commit to wait",
+        |n| n == 1,
+    )
+    .await;
+    a.signal(libc::SIGKILL);
+    let (code, _) = a.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, None, "killed by a signal");
+    wait_sql(
+        &mut conn,
+        &db,
+        SWEEPER_BACKENDS,
+        "the server to drop the dead client",
+        |n| n == 0,
+    )
+    .await;
+    release_held_commit(&mut conn).await;
+    eprintln!(
+        "crash window held open for {} ms",
+        held.elapsed().as_millis()
+    );
+
+    let a_reports = reported(&a.lines(), true);
+    let a_keys = check_reports("the killed sweeper", &a_reports, &inserted);
+    let left = leases(&mut conn).await;
+    let deleted: HashSet<&String> = inserted.keys().filter(|k| !left.contains_key(*k)).collect();
+    assert!(
+        !deleted.is_empty() && deleted.len() < inserted.len(),
+        "killed mid-drain: {} of {LEASES} left",
+        left.len()
+    );
+    // Nothing was deleted without its line.
+    for key in &deleted {
+        assert!(a_keys.contains(*key), "{key} deleted but never reported");
+    }
+    // The crash window: lines written and flushed, batch rolled back.
+    let window: HashSet<&String> = a_keys.iter().filter(|k| left.contains_key(*k)).collect();
+    assert!(
+        window.contains(&MARKER.to_owned()),
+        "the held batch rolled back"
+    );
+    assert!(
+        window.len() <= BATCH_SIZE,
+        "{} lines of an uncommitted batch, more than one batch",
+        window.len()
+    );
+    let a_counted = statsd_a.counter("lock.lease.expired", "#backend:pg");
+
+    let statsd_b = StatsdCapture::start().await;
+    let port_b = statsd_b.port.to_string();
+    let mut b = Daemon::spawn(&env(&db.url, &port_b));
+    wait_until(
+        Duration::from_secs(60),
+        "the rest of the backlog",
+        || async { lease_lines(&b) >= left.len() },
+    )
+    .await;
+    let drained = started.elapsed();
+    b.signal(libc::SIGTERM);
+    let (code, _) = b.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+    let b_reports = reported(&b.lines(), false);
+    let b_keys = check_reports("the fresh replica", &b_reports, &inserted);
+
+    let left_keys: HashSet<String> = left.keys().cloned().collect();
+    assert_eq!(
+        b_keys, left_keys,
+        "the replica reports exactly what was left"
+    );
+    let union: HashSet<&String> = a_keys.union(&b_keys).collect();
+    assert_eq!(union.len(), inserted.len(), "no lease lost");
+    let duplicates: HashSet<&String> = a_keys.intersection(&b_keys).collect();
+    assert_eq!(
+        duplicates, window,
+        "duplicates are exactly the crash window"
+    );
+    // check_reports tied every report to the lease's own token, so each
+    // duplicate repeats the dedupe key lockKey+token exactly.
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    statsd_b
+        .wait_counter("lock.lease.expired", "#backend:pg", b_keys.len() as u64)
+        .await;
+    assert_eq!(
+        statsd_b.counter("lock.lease.expired", "#backend:pg"),
+        b_keys.len() as u64
+    );
+    eprintln!(
+        "FIGURES sigkill: leases={LEASES} reported_before_kill={} committed_before_kill={} \
+         crash_window_duplicates={} (same lockKey+token) replica_reported={} lost=0 \
+         statsd_counted_by_killed={} total={:.1}s",
+        a_keys.len(),
+        deleted.len(),
+        duplicates.len(),
+        b_keys.len(),
+        a_counted,
+        drained.as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unreported() {
+    const LEASES: i64 = 100_000;
+    const STOP_AFTER: usize = 10_000;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "drain-", LEASES, 60_000).await;
+    let inserted = leases(&mut conn).await;
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    wait_until(Duration::from_secs(60), "the first lines", || async {
+        lease_lines(&daemon) >= STOP_AFTER
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, took) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    assert_eq!(code, Some(0), "{}", daemon.lines()[..20].join("\n"));
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let lines = daemon.lines();
+    let keys = check_reports("the stopped sweeper", &reported(&lines, false), &inserted);
+    let left = leases(&mut conn).await;
+    let deleted: Vec<&String> = inserted.keys().filter(|k| !left.contains_key(*k)).collect();
+    for key in &deleted {
+        assert!(keys.contains(*key), "{key} deleted without its line");
+    }
+    // The batch in flight finished: nothing reported is still in the table.
+    let repeated = keys.iter().filter(|k| left.contains_key(*k)).count();
+    assert_eq!(repeated, 0, "a graceful stop leaves no crash window");
+    assert!(!left.is_empty(), "the rest remain for the next sweeper");
+    assert_eq!(deleted.len() + left.len(), LEASES as usize);
+    assert_eq!(events(&lines, "sweeper_stopped").len(), 1);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", deleted.len() as u64)
+        .await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        deleted.len() as u64,
+        "counted at shutdown, exactly"
+    );
+    eprintln!(
+        "FIGURES sigterm: leases={LEASES} reported={} deleted={} left_for_next={} exit=0 stop_took={}ms",
+        keys.len(),
+        deleted.len(),
+        left.len(),
+        took.as_millis()
+    );
+}
+
+/// Runs blocking cluster control (start, stop) off the runtime thread, so the
+/// daemons' output keeps being read meanwhile.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+/// A cluster of this test's own, migrated, that it may stop and restart.
+///
+/// Commits are durable here (`synchronous_commit=on`, unlike the shared
+/// throwaway cluster): the leases a lock server acquired just before a crash
+/// must survive it, or there is nothing to report afterwards.
+async fn own_cluster() -> (ThrowawayPg, String) {
+    let pg = blocking(|| ThrowawayPg::start_with(&[("synchronous_commit", "on")]))
+        .await
+        .expect("starting a throwaway PostgreSQL");
+    let url = pg.url("postgres");
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    lease_sweeper::db::migrate(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    (pg, url)
+}
+
+/// Acquires `n` leases `{prefix}{i}` through the lock server's function;
+/// returns key → token.
+async fn acquire(
+    conn: &mut PgConnection,
+    prefix: &str,
+    n: usize,
+    ttl_ms: i64,
+) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
+            .bind(&key)
+            .bind(ttl_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        out.insert(key, token.expect("the key was free"));
+    }
+    out
+}
+
+/// Every diagnostic line at ERROR, as (event, error text).
+fn error_lines(lines: &[String]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .map(|l| crate::support::fields(l))
+        .filter(|f| f.get("level").map(String::as_str) == Some("error"))
+        .map(|f| {
+            (
+                f.get("message").cloned().unwrap_or_default(),
+                f.get("error").cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Reports of leases whose key starts with `prefix`.
+fn reported_with_prefix(lines: &[String], prefix: &str) -> Vec<(String, i64)> {
+    reported(lines, false)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .collect()
+}
+
+/// Asserts that an error persisting across many sweeps was logged once per
+/// distinct cause, never repeated (the repeat interval is 60 s).
+fn assert_no_error_flood(lines: &[String]) -> usize {
+    let errors = error_lines(lines);
+    let distinct: HashSet<&(String, String)> = errors.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        errors.len(),
+        "an unchanged error was logged twice: {errors:#?}"
+    );
+    errors.len()
+}
+
+/// Waits until `ok` holds for the daemon's output; on timeout, fails with
+/// that output so the cause is visible.
+async fn wait_output(
+    daemon: &Daemon,
+    timeout: Duration,
+    what: &str,
+    ok: impl Fn(&[String]) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !ok(&daemon.lines()) {
+        if Instant::now() > deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; daemon output:\n{}",
+                daemon.lines().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long a scenario keeps the database down: a few failing sweeps.
+const DOWNTIME: Duration = Duration::from_millis(3_000);
+
+#[tokio::test]
+async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_from_by_itself() {
+    let (mut pg, url) = own_cluster().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 500).await;
+    conn.close().await.unwrap();
+    pg = blocking(move || {
+        pg.stop(StopMode::Fast);
+        pg
+    })
+    .await;
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&url, &port));
+    daemon
+        .wait_for_event("sweep_failed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(DOWNTIME).await; // the outage: sweeps keep failing
+    assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
+    let lines = daemon.lines();
+    let failed = events(&lines, "sweep_failed");
+    assert_eq!(failed.len(), 1, "{lines:#?}");
+    assert_eq!(failed[0]["level"], "error");
+    assert!(
+        failed[0]["error"].contains("cannot connect to the lock database")
+            && failed[0]["error"].contains("No such file or directory"),
+        "the real cause, not a pool timeout: {:?}",
+        failed[0]["error"]
+    );
+
+    let restarted = Instant::now();
+    pg = blocking(move || {
+        pg.start_again().expect("restarting PostgreSQL");
+        pg
+    })
+    .await;
+    let up = restarted.elapsed();
+    wait_output(
+        &daemon,
+        Duration::from_secs(15),
+        "the leases that expired meanwhile",
+        |l| reported_with_prefix(l, "meanwhile-").len() == meanwhile.len(),
+    )
+    .await;
+    let recovery = restarted.elapsed() - up;
+    daemon
+        .wait_for_event("sweep_recovered", Duration::from_secs(5))
+        .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+
+    let lines = daemon.lines();
+    let reports = reported_with_prefix(&lines, "meanwhile-");
+    let keys = check_reports("the daemon", &reports, &meanwhile);
+    assert_eq!(keys.len(), meanwhile.len());
+    let errors = assert_no_error_flood(&lines);
+    let recovered = &events(&lines, "sweep_recovered")[0];
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    eprintln!(
+        "FIGURES db_down_at_start: leases_expired_meanwhile={} reported={} failed_sweeps={} \
+         error_lines={errors} down_for={}ms recovery_after_ready={}ms",
+        meanwhile.len(),
+        keys.len(),
+        recovered["failedSweeps"],
+        recovered["downMillis"],
+        recovery.as_millis()
+    );
+    drop(pg);
+}
+
+#[tokio::test]
+async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile_are_reported() {
+    let (mut pg, url) = own_cluster().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    insert_expired(&mut conn, "before-", 5, 10).await;
+    wait_until(Duration::from_secs(10), "the first sweep", || async {
+        reported_with_prefix(&daemon.lines(), "before-").len() == 5
+    })
+    .await;
+    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 1_000).await;
+    drop(conn);
+    pg = blocking(move || {
+        pg.stop(StopMode::Immediate);
+        pg
+    })
+    .await;
+    assert!(
+        reported_with_prefix(&daemon.lines(), "meanwhile-").is_empty(),
+        "still live when the server crashed"
+    );
+    daemon
+        .wait_for_event("sweep_failed", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(DOWNTIME).await; // the outage; the leases expire in it
+    assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
+
+    let restarted = Instant::now();
+    pg = blocking(move || {
+        pg.start_again()
+            .expect("restarting PostgreSQL after a crash");
+        pg
+    })
+    .await;
+    let up = restarted.elapsed();
+    wait_output(
+        &daemon,
+        Duration::from_secs(15),
+        "the leases that expired meanwhile",
+        |l| reported_with_prefix(l, "meanwhile-").len() == meanwhile.len(),
+    )
+    .await;
+    let recovery = restarted.elapsed() - up;
+    daemon
+        .wait_for_event("sweep_recovered", Duration::from_secs(5))
+        .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+
+    let lines = daemon.lines();
+    let keys = check_reports(
+        "the daemon",
+        &reported_with_prefix(&lines, "meanwhile-"),
+        &meanwhile,
+    );
+    assert_eq!(keys.len(), meanwhile.len());
+    let errors = assert_no_error_flood(&lines);
+    let failed = events(&lines, "sweep_failed");
+    assert!(
+        (1..=3).contains(&failed.len()),
+        "one line per distinct cause (broken connection, refused, starting up): {failed:#?}"
+    );
+    assert!(failed.iter().all(|f| f["level"] == "error"));
+    let recovered = &events(&lines, "sweep_recovered")[0];
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    eprintln!(
+        "FIGURES db_crash_mid_run: leases_expired_meanwhile={} reported={} failed_sweeps={} \
+         error_lines={errors} (sweep_failed={}) down_for={}ms postgres_restart={}ms \
+         recovery_after_ready={}ms",
+        meanwhile.len(),
+        keys.len(),
+        recovered["failedSweeps"],
+        failed.len(),
+        recovered["downMillis"],
+        up.as_millis(),
+        recovery.as_millis()
+    );
+    for (event, error) in error_lines(&lines) {
+        eprintln!("  error line: {event}: {error}");
+    }
+    drop(pg);
+}
+
+/// The sweeper's backends of `db` that are blocked on a lock right now.
+async fn blocked_sweepers(conn: &mut PgConnection, db: &TestDb) -> i64 {
+    sqlx::query_scalar(SWEEPER_BACKENDS_WAITING)
+        .bind(&db.name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_and_reported_once_released()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "free-", 30, 1_000).await;
+    insert_expired(&mut conn, "held-", 10, 1_000).await;
+    let mut inserted = leases(&mut conn).await;
+    // A session (a stuck admin query, a lock server mid-acquire) holds the
+    // row locks of ten expired leases and does not let go.
+    let mut locker = db.connect().await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    let locked: Vec<String> = sqlx::query_scalar(
+        "SELECT lock_key FROM lock_entry WHERE lock_key LIKE 'held-%' FOR UPDATE",
+    )
+    .fetch_all(&mut locker)
+    .await
+    .unwrap();
+    assert_eq!(locked.len(), 10);
+    let locked_at = Instant::now();
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let a = Daemon::spawn(&env(&db.url, &port));
+    let b = Daemon::spawn(&env(&db.url, &port));
+    let both = |prefix: &'static str| {
+        let (a, b) = (&a, &b);
+        move || {
+            let mut r = reported_with_prefix(&a.lines(), prefix);
+            r.extend(reported_with_prefix(&b.lines(), prefix));
+            r.len()
+        }
+    };
+    let free = both("free-");
+    wait_until(Duration::from_secs(10), "the unlocked leases", || async {
+        free() == 30
+    })
+    .await;
+    // Later expiries keep being reported while the locks are held: the
+    // replicas go on sweeping instead of queueing behind the locked rows.
+    let mut later_latencies = Vec::new();
+    for round in 0..3 {
+        let prefix: &'static str = ["later0-", "later1-", "later2-"][round];
+        insert_expired(&mut conn, prefix, 5, 10).await;
+        inserted.extend(leases(&mut conn).await);
+        let t = Instant::now();
+        let later = both(prefix);
+        wait_until(Duration::from_secs(10), "later leases", || async {
+            later() == 5
+        })
+        .await;
+        later_latencies.push(t.elapsed().as_millis());
+        assert_eq!(
+            blocked_sweepers(&mut conn, &db).await,
+            0,
+            "no sweeper waits on a row lock"
+        );
+    }
+    assert_eq!(both("held-")(), 0, "locked rows are skipped while locked");
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM lock_entry WHERE lock_key LIKE 'held-%'"
+        )
+        .await,
+        10
+    );
+    let held_for = locked_at.elapsed();
+
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    let released = Instant::now();
+    let held = both("held-");
+    wait_until(Duration::from_secs(10), "the released leases", || async {
+        held() == 10
+    })
+    .await;
+    let after_release = released.elapsed();
+
+    let (mut a, mut b) = (a, b);
+    a.signal(libc::SIGTERM);
+    b.signal(libc::SIGTERM);
+    assert_eq!(a.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(b.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    let mut all = reported(&a.lines(), false);
+    all.extend(reported(&b.lines(), false));
+    let keys = check_reports("the two replicas", &all, &inserted);
+    assert_eq!(
+        keys.len(),
+        30 + 10 + 15,
+        "each lease exactly once across replicas"
+    );
+    assert!(error_lines(&a.lines()).is_empty() && error_lines(&b.lines()).is_empty());
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    eprintln!(
+        "FIGURES row_locks: leases=55 locked=10 replicas=2 locks_held_for={}ms \
+         later_expiries_reported_within_ms={later_latencies:?} blocked_sweepers=0 \
+         locked_reported_after_release_within={}ms duplicates=0",
+        held_for.as_millis(),
+        after_release.as_millis()
+    );
+}
+
+/// One StatsD failure mode: the daemon sweeps two rounds of leases as if
+/// nothing were wrong, stays up, warns at most once, and stops promptly.
+async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec<u128>, Duration) {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let mut daemon = Daemon::spawn(&[
+        ("LOCKDB_URL", db.url.as_str()),
+        ("STATSD_HOST", host),
+        ("STATSD_PORT", port),
+    ]);
+    let mut latencies = Vec::new();
+    for round in 0..3 {
+        let prefix: &'static str = ["r0-", "r1-", "r2-"][round];
+        insert_expired(&mut conn, prefix, 10, 10).await;
+        let t = Instant::now();
+        wait_output(&daemon, Duration::from_secs(10), "the round's lines", |l| {
+            reported_with_prefix(l, prefix).len() == 10
+        })
+        .await;
+        latencies.push(t.elapsed().as_millis());
+    }
+    assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
+    daemon.signal(libc::SIGTERM);
+    let (code, took) = daemon.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+    let lines = daemon.lines();
+    assert_eq!(reported(&lines, false).len(), 30, "every line, once");
+    assert!(error_lines(&lines).is_empty(), "{lines:#?}");
+    let warnings = events(&lines, "statsd_unavailable");
+    assert!(warnings.len() <= 1, "not a flood: {warnings:#?}");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    (warnings.len(), latencies, took)
+}
+
+#[tokio::test]
+async fn a_statsd_port_with_no_listener_never_slows_or_stops_the_sweep() {
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port().to_string();
+    drop(closed);
+    let (warnings, latencies, stop) = sweeps_unaffected_with_statsd_at("127.0.0.1", &port).await;
+    eprintln!(
+        "FIGURES statsd_closed_port: statsd_unavailable_warnings={warnings} \
+         expiry_to_line_ms={latencies:?} stop={}ms",
+        stop.as_millis()
+    );
+}
+
+#[tokio::test]
+async fn an_unresolvable_statsd_host_is_warned_about_once_and_never_slows_or_stops_the_sweep() {
+    let (warnings, latencies, stop) =
+        sweeps_unaffected_with_statsd_at("statsd.invalid", "8125").await;
+    assert_eq!(warnings, 1, "the failure is reported once");
+    assert!(stop < Duration::from_secs(5), "stop took {stop:?}");
+    eprintln!(
+        "FIGURES statsd_unresolvable: statsd_unavailable_warnings={warnings} \
+         expiry_to_line_ms={latencies:?} stop={}ms",
+        stop.as_millis()
+    );
+}
+
+/// libfaketime's preload library, where Debian's `faketime` package puts it.
+fn libfaketime() -> Option<std::path::PathBuf> {
+    let mut candidates: Vec<std::path::PathBuf> = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketime.so.1"))
+        .collect();
+    candidates.push("/usr/lib/faketime/libfaketime.so.1".into());
+    candidates.push("/usr/local/lib/faketime/libfaketime.so.1".into());
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// Milliseconds since the Unix epoch of an RFC 3339 UTC `ts` such as
+/// `2026-11-29T20:45:58.123Z`.
+fn ts_millis(ts: &str) -> i64 {
+    let n = |r: std::ops::Range<usize>| ts[r].parse::<i64>().expect("ts digits");
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 24 + n(11..13)) * 60 + n(14..16)) * 60_000 + n(17..19) * 1000 + n(20..23)
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Runs the real binary with its host clock shifted by `shift` (libfaketime
+/// syntax) against leases live for 30 more minutes, leases 5 s overdue and
+/// leases 30 min overdue. Returns (host clock skew seen, overdue reported).
+async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) -> (i64, Vec<i64>) {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let live = acquire(&mut conn, "live-", 10, 1_800_000).await;
+    let inserted_at = Instant::now();
+    insert_expired(&mut conn, "recent-", 5, 5_000).await;
+    insert_expired(&mut conn, "old-", 5, 1_800_000).await;
+    let deadlines: HashMap<String, i64> = sqlx::query_as(
+        "SELECT lock_key, floor(extract(epoch FROM expires_at) * 1000)::bigint FROM lock_entry",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let lib = lib.to_string_lossy().into_owned();
+    let mut daemon = Daemon::spawn(&[
+        ("LOCKDB_URL", db.url.as_str()),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", &port),
+        ("LD_PRELOAD", &lib),
+        ("FAKETIME", shift),
+    ]);
+    wait_output(
+        &daemon,
+        Duration::from_secs(15),
+        "the expired leases",
+        |l| reported(l, false).len() == 10,
+    )
+    .await;
+    let first = crate::support::fields(&daemon.lines()[0]);
+    let seen_skew = ts_millis(&first["ts"]) - now_millis();
+    assert!(
+        (seen_skew - skew_ms).abs() < 60_000,
+        "faketime {shift} did not take effect: the daemon's clock is off by {seen_skew} ms"
+    );
+    // The gauge sent after that sweep counts the live leases it left.
+    wait_until(
+        Duration::from_secs(10),
+        "a gauge of the live leases",
+        || async { statsd.gauge("lock.held.current", "#backend:pg") == Some(10) },
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    let since_insert = inserted_at.elapsed().as_millis() as i64;
+
+    let lines = daemon.lines();
+    let mut overdue = Vec::new();
+    for f in events(&lines, "lease_expired") {
+        let key = &f["lockKey"];
+        assert!(!key.starts_with("live-"), "deleted a live lease: {f:?}");
+        assert_eq!(f["expiredAtMillis"], deadlines[key].to_string(), "{f:?}");
+        let ago = if key.starts_with("recent-") {
+            5_000
+        } else {
+            1_800_000
+        };
+        let o: i64 = f["overdueMillis"].parse().unwrap();
+        assert!(
+            (ago..=ago + since_insert + 1_000).contains(&o),
+            "overdueMillis {o} for a lease {ago} ms overdue (by the database): {f:?}"
+        );
+        overdue.push(o);
+    }
+    assert_eq!(overdue.len(), 10);
+    assert_eq!(leases(&mut conn).await, live, "every live lease untouched");
+    (seen_skew, overdue)
+}
+
+#[tokio::test]
+async fn a_host_clock_an_hour_ahead_or_behind_never_deletes_a_live_lease_and_reports_database_overdue()
+ {
+    let Some(lib) = libfaketime() else {
+        assert!(
+            std::env::var_os("LEASE_SWEEPER_REQUIRE_FAKETIME").is_none(),
+            "libfaketime is required here (apt-get install faketime)"
+        );
+        eprintln!("SKIPPED: libfaketime not installed (apt-get install faketime)");
+        return;
+    };
+    for (shift, skew) in [("+1h", 3_600_000), ("-1h", -3_600_000)] {
+        let (seen, overdue) = sweep_under_faketime(&lib, shift, skew).await;
+        eprintln!(
+            "FIGURES clock {shift}: host_clock_skew={seen}ms live_deleted=0 \
+             overdueMillis(5 s and 30 min overdue)={overdue:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_sweeper_repeats_only_that_batch()
+ {
+    const LEASES: i64 = 20_000;
+    const MARKER: &str = "hang-10000";
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "hang-", LEASES, 60_000).await;
+    let inserted = leases(&mut conn).await;
+    hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut a = Daemon::spawn(&env(&db.url, &port));
+    wait_sql(
+        &mut conn,
+        &db,
+        SWEEPER_BACKENDS_WAITING,
+        "the commit to hang",
+        |n| n == 1,
+    )
+    .await;
+
+    a.signal(libc::SIGTERM);
+    let (code, took) = a.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0), "{}", a.lines().join("\n"));
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    let a_lines = a.lines();
+    assert_eq!(events(&a_lines, "sweep_abandoned_at_shutdown").len(), 1);
+    wait_sql(
+        &mut conn,
+        &db,
+        SWEEPER_BACKENDS,
+        "the server to drop the client",
+        |n| n == 0,
+    )
+    .await;
+    release_held_commit(&mut conn).await;
+    let a_keys = check_reports("the stopped sweeper", &reported(&a_lines, false), &inserted);
+    let left = leases(&mut conn).await;
+    for key in inserted.keys().filter(|k| !left.contains_key(*k)) {
+        assert!(a_keys.contains(key), "{key} deleted without its line");
+    }
+    let window: HashSet<&String> = a_keys.iter().filter(|k| left.contains_key(*k)).collect();
+    assert!(window.contains(&MARKER.to_owned()) && window.len() <= BATCH_SIZE);
+
+    let mut b = Daemon::spawn(&env(&db.url, &port));
+    wait_until(Duration::from_secs(30), "the rest", || async {
+        lease_lines(&b) >= left.len()
+    })
+    .await;
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    let b_keys = check_reports("the next sweeper", &reported(&b.lines(), false), &inserted);
+    let duplicates: HashSet<&String> = a_keys.intersection(&b_keys).collect();
+    assert_eq!(duplicates, window, "only the abandoned batch is repeated");
+    assert_eq!(
+        a_keys.union(&b_keys).count(),
+        inserted.len(),
+        "no lease lost"
+    );
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    eprintln!(
+        "FIGURES sigterm_hung_commit: leases={LEASES} stop_took={}ms (grace 2000ms) \
+         abandoned_batch_repeated={} lost=0",
+        took.as_millis(),
+        duplicates.len()
+    );
+}
+
+#[tokio::test]
+#[ignore = "bug: counts of committed batches sit in the StatsD buffer until the whole drain ends \
+            (a SIGKILL mid-drain lost 95,000 committed counts); flush after each committed batch"]
+async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_running() {
+    const MARKER: &str = "slow-15001";
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "slow-", 30_000, 60_000).await;
+    hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    wait_sql(
+        &mut conn,
+        &db,
+        SWEEPER_BACKENDS_WAITING,
+        "the drain to pause",
+        |n| n == 1,
+    )
+    .await;
+    let committed = 30_000 - count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+    assert!(
+        committed >= BATCH_SIZE as i64,
+        "batches committed before the pause"
+    );
+
+    let waited = Instant::now();
+    let arrived = tokio::time::timeout(Duration::from_secs(3), async {
+        while statsd.counter("lock.lease.expired", "#backend:pg") < committed as u64 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let counted = statsd.counter("lock.lease.expired", "#backend:pg");
+    release_held_commit(&mut conn).await;
+    daemon.signal(libc::SIGTERM);
+    let _ = daemon.wait_exit(Duration::from_secs(10)).await;
+    eprintln!(
+        "FIGURES statsd_mid_drain: committed={committed} counted_within_{}ms={counted}",
+        waited.elapsed().as_millis()
+    );
+    assert!(
+        arrived.is_ok(),
+        "{committed} leases committed and reported, {counted} counted after 3 s"
+    );
+}
