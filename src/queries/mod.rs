@@ -5,4 +5,5 @@
 //! logging; callers decide those. Schema and server-side functions live in
 //! `migrations/`.
 
+pub mod jobs;
 pub mod locks;

@@ -4,6 +4,7 @@
 mod check;
 mod daemon;
 mod faults;
+mod jobs;
 mod support;
 mod sweep;
 mod systemd;

@@ -1,0 +1,1644 @@
+//! The job-queue stale-lease reaper (SPEC §4, reference 000_…): the SQL
+//! functions' exact JSON, refusals, backoff and dead-lettering; privileges;
+//! concurrency; the daemon path (in process and the real binary); the CLI.
+
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg};
+use lease_sweeper::events::EventLog;
+use lease_sweeper::jobs::{JOB_BATCH_SIZE, JobReaper};
+use lease_sweeper::jobs_cli::{run_gates, run_jobs};
+use lease_sweeper::metrics::Metrics;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
+
+use crate::support::{Daemon, StatsdCapture, TestDb, count, events, fields, wait_until};
+
+const SUBSTRATE: &str = "queue.job_substrate.enabled";
+const REAPER: &str = "queue.lease.reaper_enabled";
+const DRY_ONLY: &str = "queue.lease.reaper_dry_run_only";
+
+/// Changes a setting through the audited setter, as an operator would.
+async fn set(conn: &mut PgConnection, key: &str, value: &str) -> Result<Value, sqlx::Error> {
+    let text: String =
+        sqlx::query_scalar("SELECT fn_queue_setting_set($1, $2, 'test-operator')::text")
+            .bind(key)
+            .bind(value)
+            .fetch_one(conn)
+            .await?;
+    Ok(serde_json::from_str(&text).unwrap())
+}
+
+async fn gates(conn: &mut PgConnection, substrate: bool, reaper: bool, dry_only: bool) {
+    for (key, on) in [
+        (SUBSTRATE, substrate),
+        (REAPER, reaper),
+        (DRY_ONLY, dry_only),
+    ] {
+        set(conn, key, if on { "true" } else { "false" })
+            .await
+            .unwrap();
+    }
+}
+
+/// All three gates in the "reap" position.
+async fn open_gates(conn: &mut PgConnection) {
+    gates(conn, true, true, false).await;
+}
+
+/// Inserts `n` leased jobs whose lease ran out `overdue_ms` ago; returns their ids.
+async fn insert_stale(
+    conn: &mut PgConnection,
+    kind: &str,
+    n: i64,
+    attempts: i32,
+    max_attempts: i32,
+    overdue_ms: i64,
+) -> Vec<String> {
+    sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
+         SELECT $1, jsonb_build_object('n', i), 'leased', $2, $3, 'worker-' || i,
+                now() - $5 * interval '1 millisecond'
+           FROM generate_series(1, $4) AS i
+         RETURNING job_id::text",
+    )
+    .bind(kind)
+    .bind(attempts)
+    .bind(max_attempts)
+    .bind(n)
+    .bind(overdue_ms)
+    .fetch_all(conn)
+    .await
+    .expect("inserting stale jobs")
+}
+
+async fn apply(conn: &mut PgConnection, actor: &str, limit: Option<i32>) -> Value {
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply($1, $2)::text")
+        .bind(actor)
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+        .expect("apply runs");
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn dry_run(conn: &mut PgConnection, limit: Option<i32>) -> Value {
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run($1)::text")
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+        .expect("dry run runs");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Every job row, byte for byte, with the row version that holds it.
+async fn job_snapshot(conn: &mut PgConnection) -> String {
+    sqlx::query_scalar(
+        "SELECT coalesce(string_agg(j::text || ' xmin=' || j.xmin::text, E'\\n' ORDER BY j.job_id), '')
+           FROM job_queue AS j",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+async fn job_row(
+    conn: &mut PgConnection,
+    id: &str,
+) -> (String, i32, Option<String>, Option<String>) {
+    sqlx::query_as(
+        "SELECT state, attempts, last_error, lease_owner FROM job_queue WHERE job_id = $1::uuid",
+    )
+    .bind(id)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    k.sort_unstable();
+    k
+}
+
+fn refusal(reason: &str) -> Value {
+    json!({"reason": reason, "refused": true})
+}
+
+#[tokio::test]
+async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_nothing() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_stale(&mut conn, "refusal_probe", 1, 0, 5, 5_000).await;
+    let before = job_snapshot(&mut conn).await;
+
+    // (substrate, reaper_enabled, dry_run_only, actor) → the source's answer.
+    let table = [
+        (
+            true,
+            true,
+            true,
+            "op",
+            refusal("queue.lease.reaper_dry_run_only=true"),
+        ),
+        (
+            true,
+            false,
+            false,
+            "op",
+            refusal("queue.lease.reaper_enabled=false"),
+        ),
+        (
+            false,
+            true,
+            false,
+            "op",
+            refusal("queue.job_substrate.enabled=false"),
+        ),
+        (true, true, false, "", refusal("actor_required")),
+        // Order: actor before every gate, then substrate, reaper, dry run.
+        (false, false, true, "", refusal("actor_required")),
+        (
+            false,
+            false,
+            true,
+            "op",
+            refusal("queue.job_substrate.enabled=false"),
+        ),
+        (
+            true,
+            false,
+            true,
+            "op",
+            refusal("queue.lease.reaper_enabled=false"),
+        ),
+        (true, true, false, "   ", refusal("actor_required")),
+    ];
+    for (substrate, reaper, dry_only, actor, expected) in table {
+        gates(&mut conn, substrate, reaper, dry_only).await;
+        let got = apply(&mut conn, actor, Some(100)).await;
+        assert_eq!(
+            got, expected,
+            "substrate={substrate} reaper_enabled={reaper} dry_run_only={dry_only} actor={actor:?}"
+        );
+        assert_eq!(
+            job_snapshot(&mut conn).await,
+            before,
+            "a refusal mutated a job"
+        );
+    }
+    // A NULL actor is an empty actor.
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply(NULL, 100)::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        refusal("actor_required")
+    );
+    // The defaults as migrated refuse at the first gate.
+    let fresh = TestDb::new().await;
+    let mut fresh_conn = fresh.connect().await;
+    assert_eq!(
+        apply(&mut fresh_conn, "op", Some(100)).await,
+        refusal("queue.job_substrate.enabled=false")
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM job_dead_letter").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5_with_attempts_5() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let retryable = insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 5_000).await;
+    let dlq_bound = insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 3_000).await;
+    open_gates(&mut conn).await;
+
+    let out = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+
+    assert_eq!(out["actor"], "phase2_proof_reaper");
+    assert_eq!(out["refused"], false);
+    assert_eq!(out["reset_count"], 1);
+    assert_eq!(out["dead_letter_count"], 1);
+    assert_eq!(
+        keys(&out),
+        [
+            "actions",
+            "actor",
+            "dead_letter_count",
+            "refused",
+            "reset_count"
+        ]
+    );
+    let actions = out["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2, "{out:#}");
+
+    let reset = &actions[0];
+    assert_eq!(reset["action"], "reset_to_retry_waiting");
+    assert_eq!(reset["job_id"], retryable[0].as_str());
+    assert_eq!(reset["attempts"], 1);
+    assert_eq!(reset["backoff_sec"], 10);
+    assert!(reset["scheduled_at"].is_string());
+    assert_eq!(reset["job_kind"], "phase2_proof_retryable");
+    assert_eq!(reset["lease_owner"], "worker-1");
+    assert_eq!(reset["max_attempts"], 5);
+    assert!(reset["overdue_millis"].as_i64().unwrap() >= 5_000);
+    assert!(reset.get("dead_letter").is_none());
+    let (state, attempts, last_error, owner) = job_row(&mut conn, &retryable[0]).await;
+    assert_eq!(
+        (state.as_str(), attempts, last_error.as_deref(), owner),
+        ("retry_waiting", 1, Some("lease_expired_reaped"), None)
+    );
+    let (backoff, lease_until): (f64, Option<String>) = sqlx::query_as(
+        "SELECT extract(epoch FROM scheduled_at - updated_at)::float8, lease_until::text
+           FROM job_queue WHERE job_id = $1::uuid",
+    )
+    .bind(&retryable[0])
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        (backoff, lease_until),
+        (10.0, None),
+        "scheduled 10 s after the reap, lease cleared"
+    );
+
+    let moved = &actions[1];
+    assert_eq!(moved["action"], "moved_to_dead_letter");
+    assert_eq!(moved["job_id"], dlq_bound[0].as_str());
+    assert_eq!(moved["attempts"], 5);
+    assert!(moved.get("backoff_sec").is_none());
+    let dead = &moved["dead_letter"];
+    assert_eq!(dead["state"], "dead_letter");
+    assert_eq!(dead["refused"], false);
+    assert_eq!(dead["attempts"], 5);
+    assert_eq!(dead["job_id"], dlq_bound[0].as_str());
+    assert_eq!(dead["final_error"], "lease_expired_reaped_at_max_attempts");
+    assert_eq!(dead["moved_by"], "phase2_proof_reaper");
+    let (state, attempts, last_error, owner) = job_row(&mut conn, &dlq_bound[0]).await;
+    assert_eq!(
+        (state.as_str(), attempts, last_error.as_deref(), owner),
+        (
+            "dead_letter",
+            5,
+            Some("lease_expired_reaped_at_max_attempts"),
+            None
+        )
+    );
+    let dlq: Vec<(String, String, String, i32, String, String, String)> = sqlx::query_as(
+        "SELECT dead_letter_id::text, job_id::text, job_kind, attempts, final_error, moved_by, payload::text
+           FROM job_dead_letter",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        dlq,
+        vec![(
+            dead["dead_letter_id"].as_str().unwrap().to_owned(),
+            dlq_bound[0].clone(),
+            "phase2_proof_dlq_bound".to_owned(),
+            5,
+            "lease_expired_reaped_at_max_attempts".to_owned(),
+            "phase2_proof_reaper".to_owned(),
+            r#"{"n": 1}"#.to_owned(),
+        )]
+    );
+
+    // Nothing is stale any more: a second apply has nothing to do.
+    let again = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+    assert_eq!(
+        again,
+        json!({"actor": "phase2_proof_reaper", "refused": false, "reset_count": 0,
+               "dead_letter_count": 0, "actions": []})
+    );
+}
+
+#[tokio::test]
+async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let mut expected = Vec::new();
+    for attempts in 0..=13 {
+        let id = insert_stale(&mut conn, "backoff", 1, attempts, 100, 1_000).await;
+        // Bumped attempts a = attempts + 1; multiplier 2^min(a-1, 10).
+        expected.push((id[0].clone(), 10_i64 << attempts.min(10)));
+    }
+    open_gates(&mut conn).await;
+
+    let out = apply(&mut conn, "op", Some(100)).await;
+
+    assert_eq!(out["reset_count"], 14);
+    for (id, backoff) in &expected {
+        let action = out["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["job_id"] == id.as_str())
+            .unwrap();
+        assert_eq!(action["backoff_sec"], *backoff, "{action}");
+        let in_db: f64 = sqlx::query_scalar(
+            "SELECT extract(epoch FROM scheduled_at - updated_at)::float8 FROM job_queue WHERE job_id = $1::uuid",
+        )
+        .bind(id)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(in_db, *backoff as f64);
+    }
+    assert_eq!(expected[10].1, 10_240, "2^10 × 10 s");
+    assert_eq!(expected[13].1, 10_240, "capped");
+
+    // The base comes from queue.retry.backoff_base_sec.
+    set(&mut conn, "queue.retry.backoff_base_sec", "3")
+        .await
+        .unwrap();
+    insert_stale(&mut conn, "backoff", 1, 2, 100, 1_000).await;
+    let out = apply(&mut conn, "op", Some(100)).await;
+    assert_eq!(out["actions"][0]["backoff_sec"], 12);
+}
+
+#[tokio::test]
+async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let retryable = insert_stale(&mut conn, "retryable", 3, 1, 5, 9_000).await;
+    let last = insert_stale(&mut conn, "last_attempt", 2, 2, 3, 4_000).await;
+    sqlx::raw_sql(
+        "INSERT INTO job_queue (job_kind, state, lease_owner, lease_until)
+              VALUES ('live', 'leased', 'alive', now() + interval '1 minute');
+         INSERT INTO job_queue (job_kind, state) VALUES ('q', 'queued'), ('r', 'retry_waiting'), ('s', 'succeeded')",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    open_gates(&mut conn).await; // armed: the dry run must still not touch anything
+    let before = job_snapshot(&mut conn).await;
+    let settings_before: String =
+        sqlx::query_scalar("SELECT string_agg(s::text, ',' ORDER BY key) FROM queue_setting s")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+
+    let limited = dry_run(&mut conn, Some(2)).await;
+    let full = dry_run(&mut conn, Some(100)).await;
+
+    assert_eq!(
+        keys(&limited),
+        [
+            "evaluated_at",
+            "jobs",
+            "limit",
+            "mutation",
+            "stale_lease_count"
+        ]
+    );
+    assert_eq!(limited["mutation"], false);
+    assert_eq!(limited["limit"], 2);
+    assert_eq!(limited["stale_lease_count"], 5, "counts every stale lease");
+    assert_eq!(
+        limited["jobs"].as_array().unwrap().len(),
+        2,
+        "lists at most limit"
+    );
+    assert_eq!(full["stale_lease_count"], 5);
+    let jobs = full["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 5);
+    for job in jobs {
+        assert_eq!(
+            keys(job),
+            [
+                "attempts",
+                "job_id",
+                "job_kind",
+                "lease_owner",
+                "lease_until",
+                "max_attempts",
+                "overdue_seconds",
+                "would_action"
+            ]
+        );
+        let id = job["job_id"].as_str().unwrap().to_owned();
+        if retryable.contains(&id) {
+            assert_eq!(job["would_action"], "reset_to_retry_waiting");
+            assert!(job["overdue_seconds"].as_i64().unwrap() >= 9);
+        } else {
+            assert!(last.contains(&id));
+            assert_eq!(job["would_action"], "move_to_dead_letter");
+            assert!(job["overdue_seconds"].as_i64().unwrap() >= 4);
+        }
+    }
+    assert_eq!(
+        job_snapshot(&mut conn).await,
+        before,
+        "a dry run changed a row"
+    );
+    let settings_after: String =
+        sqlx::query_scalar("SELECT string_agg(s::text, ',' ORDER BY key) FROM queue_setting s")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(settings_after, settings_before);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM job_dead_letter").await,
+        0
+    );
+
+    // PostgreSQL itself holds the dry run to read-only; the apply is the definer.
+    let props: Vec<(String, String, bool, Vec<String>)> = sqlx::query_as(
+        "SELECT proname::text, provolatile::text, prosecdef, coalesce(proconfig, '{}')
+           FROM pg_proc WHERE proname LIKE 'fn_job_reap_stale_leases_%' ORDER BY proname",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let pinned = vec!["search_path=pg_catalog, public, pg_temp".to_owned()];
+    assert_eq!(
+        props,
+        vec![
+            (
+                "fn_job_reap_stale_leases_apply".into(),
+                "v".into(),
+                true,
+                pinned.clone()
+            ),
+            (
+                "fn_job_reap_stale_leases_dry_run".into(),
+                "s".into(),
+                false,
+                pinned
+            ),
+        ]
+    );
+
+    // What the dry run predicted is what apply does.
+    let applied = apply(&mut conn, "op", Some(100)).await;
+    let mut predicted: Vec<(String, String)> = jobs
+        .iter()
+        .map(|j| {
+            let act = match j["would_action"].as_str().unwrap() {
+                "move_to_dead_letter" => "moved_to_dead_letter",
+                other => other,
+            };
+            (j["job_id"].as_str().unwrap().to_owned(), act.to_owned())
+        })
+        .collect();
+    let mut done: Vec<(String, String)> = applied["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["job_id"].as_str().unwrap().to_owned(),
+                a["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    predicted.sort();
+    done.sort();
+    assert_eq!(done, predicted);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM job_queue WHERE state = 'leased'"
+        )
+        .await,
+        1,
+        "the live lease stays"
+    );
+}
+
+#[tokio::test]
+async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let mut all = HashSet::new();
+    for attempts in 0..5 {
+        all.extend(insert_stale(&mut conn, "bulk", 600, attempts, 5, 2_000).await);
+    }
+    open_gates(&mut conn).await;
+    let started = Instant::now();
+
+    let mut tasks = Vec::new();
+    for r in 0..3 {
+        let mut c = db.connect().await;
+        tasks.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let out = apply(&mut c, &format!("reaper-{r}"), Some(250)).await;
+                let actions = out["actions"].as_array().unwrap().clone();
+                if actions.is_empty() {
+                    return seen;
+                }
+                seen.extend(actions.into_iter().map(|a| {
+                    (
+                        a["job_id"].as_str().unwrap().to_owned(),
+                        a["action"].as_str().unwrap().to_owned(),
+                    )
+                }));
+            }
+        }));
+    }
+    let mut handled = Vec::new();
+    for t in tasks {
+        handled.extend(t.await.unwrap());
+    }
+    eprintln!(
+        "3 appliers reaped 3000 stale jobs in {:?}",
+        started.elapsed()
+    );
+
+    assert_eq!(handled.len(), 3_000, "every stale job once");
+    let ids: HashSet<&String> = handled.iter().map(|(id, _)| id).collect();
+    assert_eq!(ids.len(), 3_000, "no job twice");
+    assert_eq!(ids.into_iter().cloned().collect::<HashSet<_>>(), all);
+    assert_eq!(
+        handled
+            .iter()
+            .filter(|(_, a)| a == "moved_to_dead_letter")
+            .count(),
+        600
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM job_dead_letter").await,
+        600
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(DISTINCT job_id) FROM job_dead_letter"
+        )
+        .await,
+        600
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'"
+        )
+        .await,
+        2_400
+    );
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM job_queue WHERE state = 'leased'"
+        )
+        .await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let id = insert_stale(&mut conn, "slow", 1, 0, 5, 2_000)
+        .await
+        .remove(0);
+    open_gates(&mut conn).await;
+    let seen = dry_run(&mut conn, Some(10)).await;
+    assert_eq!(seen["jobs"][0]["job_id"], id.as_str());
+
+    // The worker was only late: it finishes before the reaper acts.
+    let completed: bool = sqlx::query_scalar("SELECT fn_job_complete($1::uuid, 'worker-1')")
+        .bind(&id)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(completed);
+    let out = apply(&mut conn, "op", Some(10)).await;
+
+    assert_eq!(
+        (out["reset_count"].clone(), out["dead_letter_count"].clone()),
+        (json!(0), json!(0))
+    );
+    assert_eq!(
+        job_row(&mut conn, &id).await,
+        ("succeeded".into(), 0, None, None)
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM job_dead_letter").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let id = insert_stale(&mut conn, "flaky", 1, 0, 5, 2_000)
+        .await
+        .remove(0);
+    open_gates(&mut conn).await;
+    let seen = dry_run(&mut conn, Some(10)).await;
+    assert_eq!(seen["stale_lease_count"], 1);
+
+    // Meanwhile another reaper resets it and a worker claims it again.
+    let mut other = db.connect().await;
+    assert_eq!(
+        apply(&mut other, "other-reaper", Some(10)).await["reset_count"],
+        1
+    );
+    sqlx::query("UPDATE job_queue SET scheduled_at = now() WHERE job_id = $1::uuid")
+        .bind(&id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let claimed: Vec<String> =
+        sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-2')")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(claimed, vec![id.clone()]);
+
+    let out = apply(&mut conn, "first-reaper", Some(10)).await;
+
+    assert_eq!(out["actions"], json!([]));
+    assert_eq!(
+        job_row(&mut conn, &id).await,
+        (
+            "leased".into(),
+            1,
+            Some("lease_expired_reaped".into()),
+            Some("worker-2".into())
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_stale_job_a_worker_holds_locked_is_skipped_without_waiting_and_not_reaped_after_it_completes()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let held = insert_stale(&mut conn, "held", 1, 0, 5, 3_000)
+        .await
+        .remove(0);
+    let free = insert_stale(&mut conn, "free", 1, 0, 5, 2_000)
+        .await
+        .remove(0);
+    open_gates(&mut conn).await;
+
+    // A worker is completing `held` in an open transaction.
+    let mut worker = db.connect().await;
+    sqlx::query("BEGIN").execute(&mut worker).await.unwrap();
+    let done: bool = sqlx::query_scalar("SELECT fn_job_complete($1::uuid, 'worker-1')")
+        .bind(&held)
+        .fetch_one(&mut worker)
+        .await
+        .unwrap();
+    assert!(done);
+
+    let out = tokio::time::timeout(Duration::from_secs(10), apply(&mut conn, "op", Some(10)))
+        .await
+        .expect("apply skips a locked row instead of waiting on it");
+    assert_eq!(out["reset_count"], 1);
+    assert_eq!(out["actions"][0]["job_id"], free.as_str());
+
+    sqlx::query("COMMIT").execute(&mut worker).await.unwrap();
+    let out = apply(&mut conn, "op", Some(10)).await;
+    assert_eq!(out["actions"], json!([]));
+    assert_eq!(job_row(&mut conn, &held).await.0, "succeeded");
+}
+
+#[tokio::test]
+async fn live_leases_and_jobs_in_other_states_are_never_reaped() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    sqlx::raw_sql(
+        "INSERT INTO job_queue (job_kind, state, lease_owner, lease_until)
+              VALUES ('live', 'leased', 'alive', now() + interval '2 seconds');
+         INSERT INTO job_queue (job_kind, state, scheduled_at)
+              VALUES ('q', 'queued', now() - interval '1 hour'), ('r', 'retry_waiting', now() - interval '1 hour'),
+                     ('s', 'succeeded', now() - interval '1 hour'), ('d', 'dead_letter', now() - interval '1 hour')",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    open_gates(&mut conn).await;
+    let before = job_snapshot(&mut conn).await;
+
+    let out = apply(&mut conn, "op", Some(10_000)).await;
+
+    assert_eq!(out["actions"], json!([]));
+    assert_eq!(dry_run(&mut conn, Some(10)).await["stale_lease_count"], 0);
+    assert_eq!(job_snapshot(&mut conn).await, before);
+}
+
+#[tokio::test]
+async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_stale(&mut conn, "limit", 2, 0, 5, 1_000).await;
+    open_gates(&mut conn).await;
+    let before = job_snapshot(&mut conn).await;
+
+    for limit in [Some(0), Some(10_001), Some(-1), None] {
+        let expected = json!({"reason": "limit_out_of_range", "refused": true,
+                              "limit": limit, "limit_min": 1, "limit_max": 10000});
+        assert_eq!(
+            dry_run(&mut conn, limit).await,
+            expected,
+            "dry run, limit {limit:?}"
+        );
+        assert_eq!(
+            apply(&mut conn, "op", limit).await,
+            expected,
+            "apply, limit {limit:?}"
+        );
+    }
+    assert_eq!(job_snapshot(&mut conn).await, before);
+    // The bounds themselves are accepted.
+    assert_eq!(dry_run(&mut conn, Some(10_000)).await["limit"], 10_000);
+    assert_eq!(apply(&mut conn, "op", Some(1)).await["reset_count"], 1);
+    assert_eq!(apply(&mut conn, "op", Some(10_000)).await["reset_count"], 1);
+}
+
+#[tokio::test]
+async fn the_setter_rejects_unknown_keys_ill_typed_values_and_empty_actors_and_audits_each_change()
+{
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let settings = "SELECT string_agg(s::text, ',' ORDER BY key) FROM queue_setting s";
+    let before: String = sqlx::query_scalar(settings)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let defaults: Vec<(String, String)> =
+        sqlx::query_as("SELECT key, value FROM queue_setting ORDER BY key")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(
+        defaults,
+        [
+            ("queue.job_substrate.enabled", "false"),
+            ("queue.lease.duration_sec", "300"),
+            ("queue.lease.reaper_dry_run_only", "true"),
+            ("queue.lease.reaper_enabled", "false"),
+            ("queue.retry.backoff_base_sec", "10"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    );
+
+    let rejected = [
+        (
+            "queue.lease.reaper_enabeld",
+            "true",
+            "test-operator",
+            "unknown setting key \"queue.lease.reaper_enabeld\"",
+        ),
+        (
+            "queue.lease.reaper_enabled",
+            "yes",
+            "test-operator",
+            "must be true or false",
+        ),
+        (
+            "queue.lease.reaper_enabled",
+            "TRUE",
+            "test-operator",
+            "must be true or false",
+        ),
+        (
+            "queue.lease.reaper_dry_run_only",
+            "",
+            "test-operator",
+            "must be true or false",
+        ),
+        (
+            "queue.retry.backoff_base_sec",
+            "ten",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.retry.backoff_base_sec",
+            "0",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.lease.duration_sec",
+            "-5",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.lease.duration_sec",
+            "86401",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.lease.duration_sec",
+            "99999999999",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.lease.duration_sec",
+            "1.5",
+            "test-operator",
+            "whole number of seconds from 1 to 86400",
+        ),
+        (
+            "queue.lease.reaper_enabled",
+            "true",
+            "",
+            "actor is required",
+        ),
+        (
+            "queue.lease.reaper_enabled",
+            "true",
+            "  ",
+            "actor is required",
+        ),
+    ];
+    for (key, value, actor, message) in rejected {
+        let err = sqlx::query("SELECT fn_queue_setting_set($1, $2, $3)")
+            .bind(key)
+            .bind(value)
+            .bind(actor)
+            .execute(&mut conn)
+            .await
+            .expect_err(&format!("{key}={value:?} by {actor:?} must be rejected"));
+        let db_err = err.as_database_error().expect("a database error");
+        assert_eq!(db_err.code().as_deref(), Some("22023"), "{db_err}");
+        assert!(
+            db_err.message().contains(message),
+            "{key}={value:?}: {}",
+            db_err.message()
+        );
+    }
+    let after: String = sqlx::query_scalar(settings)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "a rejected change changed a setting");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM queue_setting_audit").await,
+        0
+    );
+
+    let out = set(&mut conn, "queue.retry.backoff_base_sec", " 007 ")
+        .await
+        .unwrap();
+    assert_eq!(out["key"], "queue.retry.backoff_base_sec");
+    assert_eq!(out["old_value"], "10");
+    assert_eq!(out["value"], "7", "stored in canonical form");
+    assert_eq!(out["updated_by"], "test-operator");
+    set(&mut conn, REAPER, "true").await.unwrap();
+    let audit: Vec<(String, Option<String>, String, String, String)> = sqlx::query_as(
+        "SELECT key, old_value, new_value, actor, changed_by_role FROM queue_setting_audit ORDER BY audit_id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let role: String = sqlx::query_scalar("SELECT session_user::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        audit,
+        vec![
+            (
+                "queue.retry.backoff_base_sec".into(),
+                Some("10".into()),
+                "7".into(),
+                "test-operator".into(),
+                role.clone()
+            ),
+            (
+                REAPER.into(),
+                Some("false".into()),
+                "true".into(),
+                "test-operator".into(),
+                role
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_reroute_it() {
+    let db = TestDb::new().await;
+    let mut owner = db.connect().await;
+    let role = format!("{}_reaper", db.name);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'reaper-pw'"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some("reaper-pw")).unwrap();
+    let id = insert_stale(&mut owner, "guarded", 1, 4, 5, 1_000)
+        .await
+        .remove(0);
+    open_gates(&mut owner).await;
+    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
+        .await
+        .unwrap();
+    let denied = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, what: &str| {
+        let err = r.expect_err(&format!("{what} must be denied"));
+        let code = err
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{what}: {err}");
+    };
+
+    // Not executable by PUBLIC: the owner grants it to the reaper's role.
+    denied(
+        sqlx::query("SELECT fn_job_reap_stale_leases_apply('mallory', 10)")
+            .execute(&mut low)
+            .await,
+        "apply before the grant",
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) TO {role}"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+
+    // It cannot change the data, the gates, or the function.
+    denied(
+        sqlx::query("UPDATE job_queue SET state = 'queued'")
+            .execute(&mut low)
+            .await,
+        "UPDATE job_queue",
+    );
+    denied(
+        sqlx::query("DELETE FROM job_dead_letter")
+            .execute(&mut low)
+            .await,
+        "DELETE job_dead_letter",
+    );
+    denied(
+        sqlx::query(
+            "UPDATE queue_setting SET value = 'false' WHERE key = 'queue.lease.reaper_enabled'",
+        )
+        .execute(&mut low)
+        .await,
+        "UPDATE queue_setting",
+    );
+    denied(
+        sqlx::query(
+            "SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'false', 'mallory')",
+        )
+        .execute(&mut low)
+        .await,
+        "the setter",
+    );
+    denied(
+        sqlx::query(
+            "CREATE OR REPLACE FUNCTION fn_job_reap_stale_leases_apply(p_actor text, p_limit integer)
+             RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$",
+        )
+        .execute(&mut low)
+        .await,
+        "replacing apply",
+    );
+    denied(
+        sqlx::query("ALTER FUNCTION fn_job_reap_stale_leases_apply(text, integer) SET search_path = pg_temp")
+            .execute(&mut low)
+            .await,
+        "re-pinning apply's search_path",
+    );
+    // Objects of its own that shadow the real ones are not used.
+    sqlx::raw_sql(
+        "CREATE TEMP TABLE job_queue (job_id uuid);
+         CREATE TEMP TABLE job_dead_letter (job_id uuid);
+         SET search_path = pg_temp, public",
+    )
+    .execute(&mut low)
+    .await
+    .unwrap();
+
+    let text: String =
+        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', 10)::text")
+            .fetch_one(&mut low)
+            .await
+            .unwrap();
+    let out: Value = serde_json::from_str(&text).unwrap();
+
+    assert_eq!(out["dead_letter_count"], 1, "{out}");
+    assert_eq!(job_row(&mut owner, &id).await.0, "dead_letter");
+    let moved: (String, String) =
+        sqlx::query_as("SELECT moved_by, moved_by_role FROM job_dead_letter")
+            .fetch_one(&mut owner)
+            .await
+            .unwrap();
+    assert_eq!(
+        moved,
+        ("mallory".to_owned(), role.clone()),
+        "the role behind the actor name is recorded"
+    );
+    sqlx::Connection::close(low).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn claim_refuses_while_the_substrate_is_off_and_leases_for_the_configured_duration() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let id: String =
+        sqlx::query_scalar("SELECT fn_job_enqueue('email', '{\"to\": \"a@b\"}', 3)::text")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+
+    let err = sqlx::query("SELECT * FROM fn_job_claim('worker-1')")
+        .execute(&mut conn)
+        .await
+        .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("55000"));
+    assert!(
+        db_err
+            .message()
+            .contains("queue.job_substrate.enabled=false"),
+        "{}",
+        db_err.message()
+    );
+
+    set(&mut conn, SUBSTRATE, "true").await.unwrap();
+    set(&mut conn, "queue.lease.duration_sec", "120")
+        .await
+        .unwrap();
+    let other_kind: Vec<String> =
+        sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-1', ARRAY['sms'])")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert!(other_kind.is_empty());
+    let claimed: Vec<(String, String, String, f64, i32)> = sqlx::query_as(
+        "SELECT job_id::text, state, lease_owner, extract(epoch FROM lease_until - now())::float8, attempts
+           FROM fn_job_claim('worker-1', ARRAY['email'])",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        claimed,
+        vec![(id.clone(), "leased".into(), "worker-1".into(), 120.0, 0)]
+    );
+    let again: Vec<String> =
+        sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-2')")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert!(again.is_empty(), "a leased job is not claimable");
+
+    let beat = "SELECT fn_job_heartbeat($1::uuid, $2) IS NOT NULL";
+    let by = |w: &'static str| sqlx::query_scalar::<_, bool>(beat).bind(id.clone()).bind(w);
+    assert!(
+        !by("worker-2").fetch_one(&mut conn).await.unwrap(),
+        "not the holder"
+    );
+    assert!(by("worker-1").fetch_one(&mut conn).await.unwrap());
+    let complete = "SELECT fn_job_complete($1::uuid, 'worker-1')";
+    assert!(
+        sqlx::query_scalar::<_, bool>(complete)
+            .bind(&id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !sqlx::query_scalar::<_, bool>(complete)
+            .bind(&id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        job_row(&mut conn, &id).await,
+        ("succeeded".into(), 0, None, None)
+    );
+    assert!(
+        !by("worker-1").fetch_one(&mut conn).await.unwrap(),
+        "a finished job has no lease"
+    );
+}
+
+#[tokio::test]
+async fn move_to_dead_letter_returns_the_same_dead_letter_object_as_apply_and_refuses_finished_jobs()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let id: String = sqlx::query_scalar("SELECT fn_job_enqueue('poison', '{}', 5)::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let call = "SELECT fn_job_move_to_dead_letter($1::uuid, $2, $3)::text";
+    let mv = |actor: &'static str| {
+        sqlx::query_scalar::<_, String>(call)
+            .bind(id.clone())
+            .bind("unparseable payload")
+            .bind(actor)
+    };
+
+    let refused: Value = serde_json::from_str(&mv("").fetch_one(&mut conn).await.unwrap()).unwrap();
+    assert_eq!(refused, refusal("actor_required"));
+    let out: Value = serde_json::from_str(&mv("ops").fetch_one(&mut conn).await.unwrap()).unwrap();
+    assert_eq!(
+        keys(&out),
+        [
+            "attempts",
+            "dead_letter_id",
+            "final_error",
+            "job_id",
+            "moved_at",
+            "moved_by",
+            "refused",
+            "state"
+        ]
+    );
+    assert_eq!(
+        (
+            out["state"].clone(),
+            out["refused"].clone(),
+            out["attempts"].clone(),
+            out["final_error"].clone()
+        ),
+        (
+            json!("dead_letter"),
+            json!(false),
+            json!(0),
+            json!("unparseable payload")
+        )
+    );
+    assert_eq!(job_row(&mut conn, &id).await.0, "dead_letter");
+    let twice: Value =
+        serde_json::from_str(&mv("ops").fetch_one(&mut conn).await.unwrap()).unwrap();
+    assert_eq!(twice["reason"], "job_not_movable");
+    assert_eq!(twice["state"], "dead_letter");
+
+    // Apply's dead_letter object has exactly the same keys.
+    insert_stale(&mut conn, "last", 1, 0, 1, 1_000).await;
+    open_gates(&mut conn).await;
+    let applied = apply(&mut conn, "op", Some(10)).await;
+    assert_eq!(keys(&applied["actions"][0]["dead_letter"]), keys(&out));
+}
+
+// ---- the daemon path ------------------------------------------------------
+
+fn reaper_env<'a>(db: &'a TestDb, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("LOCKDB_URL", db.url.as_str()),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", statsd_port),
+    ]
+}
+
+/// Sweeps seen so far: each one sends the stale-job gauge.
+fn gauges_seen(statsd: &StatsdCapture) -> usize {
+    statsd
+        .lines()
+        .iter()
+        .filter(|l| l.starts_with("queue.lease.stale.current:"))
+        .count()
+}
+
+async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
+    let target = gauges_seen(statsd) + n;
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{n} more sweeps"),
+        || async { gauges_seen(statsd) >= target },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_and_counts_each_action()
+ {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let total = JOB_BATCH_SIZE as i64 + 500;
+    insert_stale(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
+    insert_stale(&mut conn, "dead", 300, 2, 3, 4_000).await;
+    open_gates(&mut conn).await;
+    let (mut log, lines) = EventLog::in_memory();
+    let metrics = Metrics::new(statsd.target());
+    let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
+
+    let outcome = reaper
+        .reap_once(&mut log, &metrics)
+        .await
+        .expect("reap succeeds");
+    metrics.flush().await;
+
+    assert_eq!(
+        (outcome.reset, outcome.dead_lettered, outcome.stale),
+        (total as u64 - 300, 300, 0)
+    );
+    assert_eq!(outcome.refused, None);
+    let lines = lines.lines();
+    assert_eq!(lines.len() as i64, total, "one line per action");
+    let dlq: HashSet<String> =
+        sqlx::query_scalar("SELECT dead_letter_id::text FROM job_dead_letter")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let mut ids = HashSet::new();
+    for line in &lines {
+        let f = fields(line);
+        assert_eq!(
+            (f["level"].as_str(), f["message"].as_str()),
+            ("warn", "job_lease_expired")
+        );
+        assert!(ids.insert(f["jobId"].clone()), "job reported twice");
+        assert!(f["leaseOwner"].starts_with("worker-"));
+        assert!(f["overdueMillis"].parse::<i64>().unwrap() >= 4_000);
+        assert_eq!(f["backend"], "pg");
+        match f["jobKind"].as_str() {
+            "reset" => {
+                assert_eq!(f["action"], "reset_to_retry_waiting");
+                assert_eq!(
+                    (f["attempts"].as_str(), f["maxAttempts"].as_str()),
+                    ("2", "5")
+                );
+                assert_eq!(f["backoffSec"], "20");
+                assert!(!f.contains_key("deadLetterId"));
+            }
+            "dead" => {
+                assert_eq!(f["action"], "moved_to_dead_letter");
+                assert_eq!(
+                    (f["attempts"].as_str(), f["maxAttempts"].as_str()),
+                    ("3", "3")
+                );
+                assert!(dlq.contains(&f["deadLetterId"]), "{line}");
+                assert!(!f.contains_key("backoffSec"));
+            }
+            other => panic!("unexpected jobKind {other}"),
+        }
+    }
+    let reset_tags = "#backend:pg,action:reset_to_retry_waiting";
+    let dead_tags = "#backend:pg,action:moved_to_dead_letter";
+    statsd
+        .wait_counter("queue.lease.reaped", reset_tags, total as u64 - 300)
+        .await;
+    statsd
+        .wait_counter("queue.lease.reaped", dead_tags, 300)
+        .await;
+    assert_eq!(
+        statsd.counter("queue.lease.reaped", reset_tags),
+        total as u64 - 300
+    );
+    assert_eq!(statsd.counter("queue.lease.reaped", dead_tags), 300);
+    assert_eq!(
+        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_reports_the_stale_gauge()
+ {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_stale(&mut conn, "waiting", 7, 0, 5, 1_000).await;
+    gates(&mut conn, true, true, true).await; // armed but safe
+    let before = job_snapshot(&mut conn).await;
+    let (mut log, lines) = EventLog::in_memory();
+    let metrics = Metrics::new(statsd.target());
+    let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
+
+    let outcome = reaper.reap_once(&mut log, &metrics).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(
+        outcome.refused.as_deref(),
+        Some("queue.lease.reaper_dry_run_only=true")
+    );
+    assert_eq!(
+        (outcome.reset, outcome.dead_lettered, outcome.stale),
+        (0, 0, 7)
+    );
+    assert!(lines.lines().is_empty());
+    assert_eq!(job_snapshot(&mut conn).await, before);
+    wait_until(Duration::from_secs(10), "the gauge", || async {
+        statsd.gauge("queue.lease.stale.current", "#backend:pg") == Some(7)
+    })
+    .await;
+    assert_eq!(
+        statsd.counter(
+            "queue.lease.reaped",
+            "#backend:pg,action:reset_to_retry_waiting"
+        ),
+        0
+    );
+}
+
+#[tokio::test]
+async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_reaps_nothing() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut conn = db.connect().await;
+    let stale = insert_stale(&mut conn, "gated", 4, 0, 5, 1_000).await;
+    let before = job_snapshot(&mut conn).await;
+    let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
+
+    wait_sweeps(&statsd, 4).await;
+    // Both in one transaction, so no sweep sees the state in between.
+    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
+    set(&mut tx, SUBSTRATE, "true").await.unwrap();
+    set(&mut tx, REAPER, "true").await.unwrap();
+    tx.commit().await.unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the new refusal reason",
+        || async { events(&daemon.lines(), "job_reaper_gated").len() >= 2 },
+    )
+    .await;
+    wait_sweeps(&statsd, 3).await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    let lines = daemon.lines();
+    let gated = events(&lines, "job_reaper_gated");
+    let reasons: Vec<&str> = gated.iter().map(|g| g["reason"].as_str()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "queue.job_substrate.enabled=false",
+            "queue.lease.reaper_dry_run_only=true"
+        ],
+        "one line per change of gate state: {lines:#?}"
+    );
+    assert!(gated.iter().all(|g| g["level"] == "info"));
+    assert!(gated[0]["actor"].starts_with("lease-sweeper@"));
+    assert!(events(&lines, "job_reaper_armed").is_empty());
+    assert!(events(&lines, "job_lease_expired").is_empty());
+    assert_eq!(job_snapshot(&mut conn).await, before, "nothing reaped");
+    assert_eq!(
+        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
+        Some(stale.len() as u64)
+    );
+    assert_eq!(code, Some(0));
+}
+
+#[tokio::test]
+async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_action_and_matching_counts()
+ {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut conn = db.connect().await;
+    let reset = insert_stale(&mut conn, "retry_me", 20, 0, 5, 1_000).await;
+    let dead = insert_stale(&mut conn, "bury_me", 10, 4, 5, 1_000).await;
+    open_gates(&mut conn).await;
+    let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
+
+    wait_until(
+        Duration::from_secs(20),
+        "30 job_lease_expired lines",
+        || async { events(&daemon.lines(), "job_lease_expired").len() >= 30 },
+    )
+    .await;
+    // A few more sweeps: nothing is reported twice.
+    wait_sweeps(&statsd, 3).await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    let lines = daemon.lines();
+    let expired = events(&lines, "job_lease_expired");
+    assert_eq!(expired.len(), 30, "{lines:#?}");
+    let ids: HashSet<&str> = expired.iter().map(|e| e["jobId"].as_str()).collect();
+    let want: HashSet<&str> = reset.iter().chain(&dead).map(String::as_str).collect();
+    assert_eq!(ids, want);
+    assert!(expired.iter().all(|e| e["level"] == "warn"));
+    let resets = expired
+        .iter()
+        .filter(|e| e["action"] == "reset_to_retry_waiting")
+        .count();
+    assert_eq!(resets, 20);
+    assert_eq!(events(&lines, "job_reaper_armed").len(), 1);
+    assert!(events(&lines, "job_reaper_gated").is_empty());
+    statsd
+        .wait_counter(
+            "queue.lease.reaped",
+            "#backend:pg,action:moved_to_dead_letter",
+            10,
+        )
+        .await;
+    assert_eq!(
+        statsd.counter(
+            "queue.lease.reaped",
+            "#backend:pg,action:reset_to_retry_waiting"
+        ),
+        20
+    );
+    assert_eq!(
+        statsd.counter(
+            "queue.lease.reaped",
+            "#backend:pg,action:moved_to_dead_letter"
+        ),
+        10
+    );
+    assert_eq!(
+        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
+        Some(0)
+    );
+    let actor: String = sqlx::query_scalar("SELECT DISTINCT moved_by FROM job_dead_letter")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(actor.starts_with("lease-sweeper@"), "{actor}");
+    assert_eq!(code, Some(0));
+}
+
+// ---- the CLI ----------------------------------------------------------------
+
+async fn cli_jobs(db: &TestDb, cmd: JobsCommand) -> (ExitCode, Value) {
+    let mut out = Vec::new();
+    let code = run_jobs(&db.target(), cmd, &mut out, false)
+        .await
+        .expect("the command runs");
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "one JSON line when not a terminal: {text}"
+    );
+    (code, serde_json::from_str(&text).unwrap())
+}
+
+async fn cli_gates(db: &TestDb, command: Option<GatesCommand>) -> (ExitCode, Value) {
+    let mut out = Vec::new();
+    let code = run_gates(&db.target(), GatesArgs { command }, &mut out, false)
+        .await
+        .expect("the command runs");
+    (
+        code,
+        serde_json::from_str(&String::from_utf8(out).unwrap()).unwrap(),
+    )
+}
+
+fn gate_set(key: &str, value: &str) -> Option<GatesCommand> {
+    Some(GatesCommand::Set {
+        key: key.into(),
+        value: value.into(),
+        actor: "cli-operator".into(),
+    })
+}
+
+fn cli_apply() -> JobsCommand {
+    JobsCommand::Apply {
+        actor: "cli-operator".into(),
+        limit: LimitArg { limit: 100 },
+    }
+}
+
+#[tokio::test]
+async fn cli_jobs_apply_exits_1_with_the_refusal_json_while_gated_and_0_with_the_actions_once_opened()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
+    insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
+
+    assert_eq!(
+        cli_jobs(&db, cli_apply()).await,
+        (
+            ExitCode::from(1),
+            refusal("queue.job_substrate.enabled=false")
+        )
+    );
+    for (key, value) in [(SUBSTRATE, "true"), (REAPER, "true")] {
+        assert_eq!(
+            cli_gates(&db, gate_set(key, value)).await.0,
+            ExitCode::SUCCESS
+        );
+    }
+    assert_eq!(
+        cli_jobs(&db, cli_apply()).await,
+        (
+            ExitCode::from(1),
+            refusal("queue.lease.reaper_dry_run_only=true")
+        )
+    );
+    let (code, dry) = cli_jobs(&db, JobsCommand::DryRun(LimitArg { limit: 10 })).await;
+    assert_eq!(
+        (
+            code,
+            dry["stale_lease_count"].clone(),
+            dry["mutation"].clone()
+        ),
+        (ExitCode::SUCCESS, json!(2), json!(false))
+    );
+
+    let (code, set) = cli_gates(&db, gate_set(DRY_ONLY, "false")).await;
+    assert_eq!(
+        (code, set["value"].clone(), set["updated_by"].clone()),
+        (ExitCode::SUCCESS, json!("false"), json!("cli-operator"))
+    );
+    let (code, shown) = cli_gates(&db, None).await;
+    assert_eq!(
+        (
+            code,
+            shown["apply_allowed"].clone(),
+            shown["apply_refusal"].clone()
+        ),
+        (ExitCode::SUCCESS, json!(true), Value::Null)
+    );
+    assert_eq!(shown["settings"].as_array().unwrap().len(), 5);
+    let (code, out) = cli_jobs(&db, cli_apply()).await;
+
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert_eq!(
+        (out["reset_count"].clone(), out["dead_letter_count"].clone()),
+        (json!(1), json!(1))
+    );
+    assert_eq!(out["actions"][0]["action"], "reset_to_retry_waiting");
+    assert_eq!(out["actions"][0]["backoff_sec"], 10);
+    assert_eq!(out["actions"][1]["action"], "moved_to_dead_letter");
+    assert_eq!(out["actions"][1]["attempts"], 5);
+}
+
+#[tokio::test]
+async fn cli_gates_set_with_an_unknown_key_or_bad_value_exits_1_with_a_clear_message_and_changes_nothing()
+ {
+    let db = TestDb::new().await;
+
+    let (code, out) = cli_gates(&db, gate_set("queue.lease.reaper_enabeld", "true")).await;
+    assert_eq!(code, ExitCode::from(1));
+    assert_eq!(out["refused"], true);
+    let reason = out["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("unknown setting key \"queue.lease.reaper_enabeld\""),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("queue.lease.reaper_enabled"),
+        "lists the known keys: {reason}"
+    );
+
+    let (code, out) = cli_gates(&db, gate_set(REAPER, "on")).await;
+    assert_eq!(code, ExitCode::from(1));
+    assert!(
+        out["reason"]
+            .as_str()
+            .unwrap()
+            .contains("must be true or false"),
+        "{out}"
+    );
+
+    let (_, shown) = cli_gates(&db, None).await;
+    assert_eq!(
+        shown["apply_refusal"],
+        refusal("queue.job_substrate.enabled=false")
+    );
+    let mut conn = db.connect().await;
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM queue_setting_audit").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn cli_database_errors_never_carry_the_password() {
+    let dir = std::env::temp_dir().join(format!("ls-jobs-nodb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = lease_sweeper::config::DbTarget::from_url(
+        "LOCKDB_URL",
+        &format!(
+            "postgres://reaper:Hunter2-S3cret@localhost/locks?host={}",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+
+    let err = run_jobs(&target, cli_apply(), &mut out, false)
+        .await
+        .unwrap_err();
+
+    let msg = format!("{err:#}");
+    assert!(!msg.contains("Hunter2-S3cret"), "{msg}");
+    assert!(
+        msg.contains("postgres://reaper@localhost"),
+        "names the target: {msg}"
+    );
+    assert!(out.is_empty());
+}
