@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# sql_drain.sh DB SHAPE BATCH [explain]
+#
+# Drains every expired lease of DB in batches of BATCH with one statement
+# SHAPE per transaction, from psql (prepared, unaligned output to
+# /dev/null): the database's share of the daemon's drain, without the
+# daemon. Prints the elapsed seconds. With `explain`, writes EXPLAIN
+# (ANALYZE, BUFFERS) of the first, middle and last batch to stdout instead
+# of timing (those batches delete their rows as usual).
+#
+# Shapes:
+#   ctid    the product's REAP_EXPIRED (ctid = ANY(ARRAY(...)))
+#   key     lock_key IN (subquery)  (the shape SPEC §6 measured at 37-46 s)
+#   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
+#           bound carried from batch to batch (here through a session
+#           setting; in the daemon it would be a bind parameter)
+set -euo pipefail
+db=$1 shape=$2 batch=$3 mode=${4:-time}
+PSQL=${PSQL:-psql}
+returning="RETURNING e.lock_key, e.owner_id, e.token,
+          floor(extract(epoch FROM e.expires_at) * 1000)::bigint AS expired_at_millis,
+          floor(extract(epoch FROM now() - e.expires_at) * 1000)::bigint AS overdue_millis"
+case $shape in
+ctid) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
+        ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED)
+    DELETE FROM lock_entry AS e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+       AND e.expires_at <= now() $returning" ;;
+key) stmt="DELETE FROM lock_entry AS e WHERE e.lock_key IN (SELECT lock_key FROM lock_entry
+        WHERE expires_at <= now() ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED)
+       AND e.expires_at <= now() $returning" ;;
+keyset) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
+        AND expires_at >= 'epoch'::timestamptz + current_setting('bench.after')::bigint * interval '1 millisecond'
+        ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED),
+    del AS (DELETE FROM lock_entry AS e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+       AND e.expires_at <= now() $returning),
+    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark" ;;
+*) echo "unknown shape $shape" >&2; exit 2 ;;
+esac
+n=$($PSQL -X -At -d "$db" -c "SELECT count(*) FROM lock_entry WHERE expires_at <= now()")
+batches=$(( n / batch + 1 ))
+script=$(mktemp)
+trap 'rm -f "$script"' EXIT
+{
+    echo "SET bench.after = '0';"
+    echo "PREPARE reap(bigint) AS $stmt;"
+    for ((i = 1; i <= batches; i++)); do
+        if [[ $mode == explain ]] && (( i == 1 || i == (batches + 1) / 2 || i == batches )); then
+            echo "BEGIN; \\echo === batch $i of $batches
+EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE reap($batch); COMMIT;"
+        else
+            echo "BEGIN; EXECUTE reap($batch); COMMIT;"
+        fi
+    done
+} >"$script"
+if [[ $mode == explain ]]; then
+    $PSQL -X -q -At -d "$db" -f "$script" | grep -v '^orders/' 
+else
+    start=$(date +%s.%N)
+    $PSQL -X -q -At -d "$db" -f "$script" >/dev/null
+    end=$(date +%s.%N)
+    left=$($PSQL -X -At -d "$db" -c "SELECT count(*) FROM lock_entry WHERE expires_at <= now()")
+    [[ $left == 0 ]] || { echo "drain left $left rows" >&2; exit 1; }
+    echo "$end - $start" | bc -l | xargs printf '%.2f\n'
+fi
