@@ -2,9 +2,11 @@
 //!
 //! Owns the demonstration script only: a throwaway PostgreSQL, a stand-in
 //! lock server (through the shipped SQL functions) that acquires leases and
-//! abandons some, a stand-in StatsD agent that prints each datagram, and the
-//! real daemon (this same binary, `run`) sweeping until it is sent SIGTERM.
-//! Everything it starts is stopped and removed before it returns.
+//! abandons some, a stand-in job worker that claims jobs and dies, an operator
+//! who opens the queue gates through the audited setter (first "armed but
+//! safe", then for real), a stand-in StatsD agent that prints each datagram,
+//! and the real daemon (this same binary, `run`) sweeping until it is sent
+//! SIGTERM. Everything it starts is stopped and removed before it returns.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,11 @@ use crate::throwaway::ThrowawayPg;
 const DEMO_TTL_MILLIS: i64 = 1_500;
 /// The demo gives up waiting for the sweeper after this long.
 const DEMO_DEADLINE: Duration = Duration::from_secs(30);
+/// Lease of the demo's claimed jobs, in seconds (the setter's minimum), so
+/// they go stale while the lock leases are being swept.
+const DEMO_JOB_LEASE_SEC: &str = "1";
+/// Who the demo's operator is in the gate audit trail.
+const DEMO_OPERATOR: &str = "demo-operator";
 
 pub async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
@@ -89,6 +96,25 @@ pub async fn run() -> anyhow::Result<()> {
     );
     release(&mut conn, "invoice:42", thief).await?;
 
+    // The job queue: the operator opens the substrate and arms the reaper but
+    // leaves it dry-run-only ("armed but safe"); a worker claims two jobs on
+    // a short lease and dies. One has attempts left, one is on its last.
+    set_gate(&mut conn, "queue.job_substrate.enabled", "true").await?;
+    set_gate(&mut conn, "queue.lease.reaper_enabled", "true").await?;
+    set_gate(&mut conn, "queue.lease.duration_sec", DEMO_JOB_LEASE_SEC).await?;
+    let retried = enqueue(&mut conn, "email.send", 5).await?;
+    let buried = enqueue(&mut conn, "invoice.render", 1).await?;
+    let claimed: Vec<String> =
+        sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-7', NULL, 2)")
+            .fetch_all(&mut conn)
+            .await?;
+    info!(
+        jobs = claimed.len(),
+        leaseOwner = "worker-7",
+        leaseSec = DEMO_JOB_LEASE_SEC,
+        "demo_jobs_claimed_then_abandoned"
+    );
+
     // The daemon itself, exactly as an operator runs it.
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut daemon = tokio::process::Command::new(exe)
@@ -124,6 +150,43 @@ pub async fn run() -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // Jobs: the dry run shows what the reaper would do; the daemon has said
+    // job_reaper_gated (dry_run_only). The operator flips the last gate and
+    // the next sweep reaps: one retry with backoff, one dead letter.
+    // (The lock server keeps renewing its live lease all the while.)
+    renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
+    let preview = crate::queries::jobs::dry_run(&mut conn, 10).await?;
+    info!(dryRun = %preview, "demo_job_dry_run");
+    set_gate(&mut conn, "queue.lease.reaper_dry_run_only", "false").await?;
+    loop {
+        renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
+        let leased: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
+                .fetch_one(&mut conn)
+                .await?;
+        if leased == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the daemon did not reap the abandoned jobs within {} s",
+                DEMO_DEADLINE.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for job in [&retried, &buried] {
+        let (kind, state, attempts, scheduled_in): (String, String, i32, i64) = sqlx::query_as(
+            "SELECT job_kind, state, attempts,
+                    greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint
+               FROM job_queue WHERE job_id = $1::uuid",
+        )
+        .bind(job)
+        .fetch_one(&mut conn)
+        .await?;
+        info!(jobId = %job, jobKind = %kind, state = %state, attempts, retryInSec = scheduled_in, "demo_job_after_reap");
+    }
+
     // One more sweep so the gauge and a quiet sweep (no WARN) show.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
 
@@ -140,6 +203,12 @@ pub async fn run() -> anyhow::Result<()> {
     let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry")
         .fetch_one(&mut conn)
         .await?;
+    let (jobs_reset, jobs_dead): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'), \
+                (SELECT count(*) FROM job_dead_letter)",
+    )
+    .fetch_one(&mut conn)
+    .await?;
     conn.close().await.ok();
     drop(pg);
     info!(
@@ -147,13 +216,37 @@ pub async fn run() -> anyhow::Result<()> {
         leasesAbandoned = abandoned.len(),
         leasesTakenOver = 1,
         leasesStillHeld = still_held,
+        jobsReset = jobs_reset,
+        jobsDeadLettered = jobs_dead,
         elapsedMillis = started.elapsed().as_millis() as u64,
         "demo_finished"
     );
     if !status.success() {
         bail!("the daemon exited with {status}");
     }
+    if (jobs_reset, jobs_dead) != (1, 1) {
+        bail!("expected one job reset and one dead-lettered, got {jobs_reset} and {jobs_dead}");
+    }
     Ok(())
+}
+
+/// Changes a queue setting the way an operator does: through the audited setter.
+async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) -> anyhow::Result<()> {
+    crate::queries::jobs::set_gate(conn, key, value, DEMO_OPERATOR)
+        .await
+        .with_context(|| format!("setting {key}={value}"))?;
+    info!(key, value, actor = DEMO_OPERATOR, "demo_gate_set");
+    Ok(())
+}
+
+async fn enqueue(conn: &mut PgConnection, kind: &str, max_attempts: i32) -> anyhow::Result<String> {
+    let id: String = sqlx::query_scalar("SELECT fn_job_enqueue($1, '{}'::jsonb, $2)::text")
+        .bind(kind)
+        .bind(max_attempts)
+        .fetch_one(&mut *conn)
+        .await?;
+    info!(jobId = %id, jobKind = kind, maxAttempts = max_attempts, "demo_job_enqueued");
+    Ok(id)
 }
 
 async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> anyhow::Result<i64> {
