@@ -1,0 +1,79 @@
+-- The daemon's own role, `lease_sweeper`: exactly what `lease-sweeper run`
+-- and its preflight `lease-sweeper check` need, and nothing else.
+--
+-- It is NOLOGIN: operators grant it to the LOGIN role each sweeper host
+-- connects as (docs/least-privilege.md):
+--
+--     CREATE ROLE sweeper_host_a LOGIN PASSWORD '…' IN ROLE lease_sweeper;
+--     -- or, for an existing role:  GRANT lease_sweeper TO sweeper_host_a;
+--
+-- What it may do, and why (one line per need):
+--   lock_entry          SELECT, DELETE        find and delete expired leases; count held ones
+--                       UPDATE (acquired_at)  only because SELECT … FOR UPDATE SKIP LOCKED
+--                                             requires UPDATE on at least one column; the
+--                                             column chosen is informational, never read by
+--                                             acquire/renew/release or the sweep
+--   lock_expiry_outbox  SELECT, DELETE        drain recorded takeovers
+--                       UPDATE (new_token)    the same FOR UPDATE rule; a column no report uses
+--   queue_setting       SELECT                the gates (fn_job_reaper_gate_refusal is
+--                                             SECURITY INVOKER) and `lease-sweeper gates`
+--   job_queue           SELECT                the dry run behind queue.lease.stale.current
+--                                             (SECURITY INVOKER)
+--   fn_job_reaper_gate_refusal(), fn_job_reaper_limit_refusal(integer),
+--   fn_job_reap_stale_leases_dry_run(integer),
+--   fn_job_reap_stale_leases_apply(text, integer)
+--                       EXECUTE               the reaper; apply is SECURITY DEFINER, so the
+--                                             role needs no write privilege on job_queue
+--   _sqlx_migrations    SELECT                `check` compares applied and built migrations
+--   the schema          USAGE
+--
+-- What it may not do: insert, renew or steal leases (no INSERT, no UPDATE of
+-- any other column, lock_acquire/renew/release run with the caller's rights),
+-- touch jobs or dead letters except through the reaper's apply, change a queue
+-- setting (fn_queue_setting_set is not executable by PUBLIC and is not
+-- granted), create objects anywhere, log in by itself.
+--
+-- Known gap (docs/least-privilege.md): DELETE is a table-wide privilege, so
+-- this role could delete a live lease by hand. Routing the sweep's delete
+-- through a SECURITY DEFINER function that only deletes `expires_at <= now()`
+-- removes DELETE and UPDATE from this role; that needs the daemon to call the
+-- function instead of its own statement.
+--
+-- Roles are cluster-wide and every database of a cluster runs this migration
+-- (the test suite runs it in dozens at once), so creating the role is
+-- idempotent and tolerates a concurrent creator; the grants are per database.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'lease_sweeper') THEN
+        BEGIN
+            CREATE ROLE lease_sweeper NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE
+                NOREPLICATION NOBYPASSRLS;
+        EXCEPTION
+            -- Another database's migration created it between our check and now.
+            WHEN duplicate_object OR unique_violation THEN NULL;
+            WHEN insufficient_privilege THEN
+                RAISE EXCEPTION 'creating role lease_sweeper needs CREATEROLE, which % lacks', current_user
+                    USING ERRCODE = '42501',
+                          HINT = 'have an administrator run CREATE ROLE lease_sweeper NOLOGIN; once per cluster, then run lease-sweeper migrate again';
+        END;
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO lease_sweeper', current_schema());
+END
+$$;
+
+GRANT SELECT, DELETE ON lock_entry TO lease_sweeper;
+GRANT UPDATE (acquired_at) ON lock_entry TO lease_sweeper;
+GRANT SELECT, DELETE ON lock_expiry_outbox TO lease_sweeper;
+GRANT UPDATE (new_token) ON lock_expiry_outbox TO lease_sweeper;
+
+GRANT SELECT ON queue_setting TO lease_sweeper;
+GRANT SELECT ON job_queue TO lease_sweeper;
+GRANT EXECUTE ON FUNCTION
+    fn_job_reaper_gate_refusal(),
+    fn_job_reaper_limit_refusal(integer),
+    fn_job_reap_stale_leases_dry_run(integer),
+    fn_job_reap_stale_leases_apply(text, integer)
+    TO lease_sweeper;
+
+GRANT SELECT ON _sqlx_migrations TO lease_sweeper;
