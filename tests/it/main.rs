@@ -5,6 +5,7 @@ mod check;
 mod daemon;
 mod faults;
 mod jobs;
+mod privilege;
 mod support;
 mod sweep;
 mod systemd;

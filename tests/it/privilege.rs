@@ -1,0 +1,574 @@
+//! Least privilege: the migration-created `lease_sweeper` role, granted to a
+//! LOGIN role as an operator would, runs the real daemon and can do nothing
+//! else; and the SECURITY DEFINER reaper cannot be hijacked through
+//! `search_path`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use sqlx::{Connection as _, PgConnection};
+
+use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired};
+
+/// A LOGIN role granted `lease_sweeper`, as docs/least-privilege.md tells an
+/// operator to create one. Roles are cluster-wide: the name carries the
+/// database's. Connects over the same socket with trust auth (see the
+/// password test in `hostile` for real authentication).
+struct SweeperLogin {
+    role: String,
+    url: String,
+}
+
+impl SweeperLogin {
+    async fn create(db: &TestDb, admin: &mut PgConnection, suffix: &str) -> Self {
+        let role = format!("{}_{suffix}", db.name);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {role} LOGIN IN ROLE lease_sweeper"
+        )))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+        let mut url = url::Url::parse(&db.url).unwrap();
+        url.set_username(&role).unwrap();
+        Self {
+            role,
+            url: url.to_string(),
+        }
+    }
+
+    async fn connect(&self) -> PgConnection {
+        PgConnection::connect(&self.url).await.unwrap()
+    }
+
+    /// Removes the role (and anything it created) from this database.
+    async fn drop(self, admin: &mut PgConnection) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP OWNED BY {0} CASCADE; DROP ROLE {0}",
+            self.role
+        )))
+        .execute(admin)
+        .await
+        .unwrap();
+    }
+}
+
+async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) {
+    sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test-operator')")
+        .bind(key)
+        .bind(value)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+async fn open_gates(conn: &mut PgConnection) {
+    set_gate(conn, "queue.job_substrate.enabled", "true").await;
+    set_gate(conn, "queue.lease.reaper_enabled", "true").await;
+    set_gate(conn, "queue.lease.reaper_dry_run_only", "false").await;
+}
+
+/// Leased jobs whose lease ran out a minute ago; returns their ids.
+async fn insert_stale_jobs(
+    conn: &mut PgConnection,
+    kind: &str,
+    n: i64,
+    attempts: i32,
+    max_attempts: i32,
+) -> Vec<String> {
+    sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
+         SELECT $1, '{}'::jsonb, 'leased', $2, $3, 'worker-' || i, now() - interval '1 minute'
+           FROM generate_series(1, $4) AS i
+         RETURNING job_id::text",
+    )
+    .bind(kind)
+    .bind(attempts)
+    .bind(max_attempts)
+    .bind(n)
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+/// A job leased to a live worker for another hour.
+async fn insert_live_job(conn: &mut PgConnection) -> String {
+    sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
+         VALUES ('live', '{}'::jsonb, 'leased', 0, 5, 'busy-worker', now() + interval '1 hour')
+         RETURNING job_id::text",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+async fn job_state(conn: &mut PgConnection, id: &str) -> String {
+    sqlx::query_scalar("SELECT state FROM job_queue WHERE job_id = $1::uuid")
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Asserts that `sql`, run as the restricted role, is refused with SQLSTATE
+/// 42501 (insufficient_privilege).
+async fn assert_denied(conn: &mut PgConnection, sql: &'static str) {
+    let err = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await
+        .expect_err(&format!("must be denied: {sql}"));
+    let code = err.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("42501"), "{sql}: {err}");
+}
+
+#[tokio::test]
+async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_takeovers_and_jobs() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "sweeper").await;
+    insert_expired(&mut admin, "expired-", 5, 1_000).await;
+    insert_expired(&mut admin, "stolen", 1, 1_000).await;
+    let thief: Option<i64> = sqlx::query_scalar("SELECT lock_acquire('stolen1', 'thief', 60000)")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(thief.is_some(), "the expired lease was taken over");
+    for i in 0..3 {
+        sqlx::query("SELECT lock_acquire($1, 'holder', 60000)")
+            .bind(format!("live-{i}"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    open_gates(&mut admin).await;
+    let reset = insert_stale_jobs(&mut admin, "retryable", 2, 0, 5).await;
+    let dead = insert_stale_jobs(&mut admin, "last-try", 1, 4, 5).await;
+    let live_job = insert_live_job(&mut admin).await;
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&[
+        ("LOCKDB_URL", login.url.as_str()),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", &port),
+    ]);
+    crate::support::wait_until(
+        Duration::from_secs(15),
+        "leases and jobs reaped",
+        || async {
+            let lines = daemon.lines();
+            events(&lines, "lease_expired").len() == 6
+                && events(&lines, "job_lease_expired").len() == 3
+        },
+    )
+    .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+
+    let lines = daemon.lines();
+    assert_eq!(code, Some(0), "{}", lines.join("\n"));
+    let errors: Vec<&String> = lines.iter().filter(|l| l.contains("level=error")).collect();
+    assert!(errors.is_empty(), "no permission is missing: {errors:#?}");
+    assert!(lines.iter().all(|l| !l.contains("permission denied")));
+    let by: Vec<String> = events(&lines, "lease_expired")
+        .iter()
+        .map(|f| f["reapedBy"].clone())
+        .collect();
+    assert_eq!(by.iter().filter(|b| *b == "takeover").count(), 1, "{by:?}");
+    assert_eq!(
+        count(&mut admin, "SELECT count(*) FROM lock_entry").await,
+        4,
+        "3 live leases and the thief's"
+    );
+    assert_eq!(
+        count(&mut admin, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+    for id in &reset {
+        assert_eq!(job_state(&mut admin, id).await, "retry_waiting");
+    }
+    assert_eq!(job_state(&mut admin, &dead[0]).await, "dead_letter");
+    assert_eq!(job_state(&mut admin, &live_job).await, "leased");
+    eprintln!(
+        "FIGURES least_privilege_run: role={} leases_reported=6 (1 takeover) jobs_reaped=3 errors=0",
+        login.role
+    );
+    login.drop(&mut admin).await;
+}
+
+#[tokio::test]
+async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "preflight").await;
+    let statsd = StatsdCapture::start().await;
+    let target = lease_sweeper::config::DbTarget::from_url("LOCKDB_URL", &login.url).unwrap();
+
+    let report = lease_sweeper::check::preflight(&target, &statsd.target()).await;
+
+    let failed: Vec<String> = report
+        .lines
+        .iter()
+        .filter(|l| !l.ok)
+        .map(|l| format!("{}: {}", l.what, l.detail))
+        .collect();
+    assert!(
+        report.passed(),
+        "the role has what check expects: {failed:#?}"
+    );
+    login.drop(&mut admin).await;
+}
+
+#[tokio::test]
+async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_nothing_more() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+
+    let attrs: (bool, bool, bool, bool, bool, bool) = sqlx::query_as(
+        "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls
+           FROM pg_roles WHERE rolname = 'lease_sweeper'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        attrs,
+        (false, false, false, false, false, false),
+        "NOLOGIN, no attributes"
+    );
+
+    // Table-level privileges on every relation of the schema.
+    let tables: BTreeSet<(String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, p
+           FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+          CROSS JOIN unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER']) AS p
+          WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+            AND has_table_privilege('lease_sweeper', c.oid, p)",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("_sqlx_migrations", "SELECT"),
+        ("job_queue", "SELECT"),
+        ("lock_entry", "DELETE"),
+        ("lock_entry", "SELECT"),
+        ("lock_expiry_outbox", "DELETE"),
+        ("lock_expiry_outbox", "SELECT"),
+        ("queue_setting", "SELECT"),
+    ]
+    .iter()
+    .map(|(t, p)| ((*t).to_owned(), (*p).to_owned()))
+    .collect();
+    assert_eq!(tables, expected);
+
+    // Column-level writes: only the one informational column per table that
+    // SELECT … FOR UPDATE needs.
+    let columns: BTreeSet<(String, String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, a.attname::text, p
+           FROM pg_class c
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          CROSS JOIN unnest(ARRAY['INSERT','UPDATE','REFERENCES']) AS p
+          WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')
+            AND has_column_privilege('lease_sweeper', c.oid, a.attnum, p)",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let expected: BTreeSet<(String, String, String)> = [
+        ("lock_entry", "acquired_at", "UPDATE"),
+        ("lock_expiry_outbox", "new_token", "UPDATE"),
+    ]
+    .iter()
+    .map(|(t, c, p)| ((*t).to_owned(), (*c).to_owned(), (*p).to_owned()))
+    .collect();
+    assert_eq!(columns, expected);
+
+    let sequences: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          CROSS JOIN unnest(ARRAY['USAGE','SELECT','UPDATE']) AS p
+          WHERE n.nspname = current_schema() AND c.relkind = 'S'
+            AND has_sequence_privilege('lease_sweeper', c.oid, p)",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(sequences, 0, "no sequence: it never mints a fencing token");
+
+    // The only function running with its owner's rights that it may call.
+    let definers: Vec<String> = sqlx::query_scalar(
+        "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+          WHERE n.nspname = current_schema() AND p.prosecdef
+            AND has_function_privilege('lease_sweeper', p.oid, 'EXECUTE')
+          ORDER BY 1",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(definers, vec!["fn_job_reap_stale_leases_apply"]);
+
+    let (usage, create, db_create): (bool, bool, bool) = sqlx::query_as(
+        "SELECT has_schema_privilege('lease_sweeper', current_schema(), 'USAGE'),
+                has_schema_privilege('lease_sweeper', current_schema(), 'CREATE'),
+                has_database_privilege('lease_sweeper', current_database(), 'CREATE')",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!((usage, create, db_create), (true, false, false));
+}
+
+#[tokio::test]
+async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_change_gates() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "limited").await;
+    sqlx::query("SELECT lock_acquire('live', 'holder', 60000)")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    insert_expired(&mut admin, "expired-", 1, 1_000).await;
+    open_gates(&mut admin).await; // so claim gets past its gate check to the write
+    insert_stale_jobs(&mut admin, "stale", 1, 0, 5).await;
+    let snapshot = "SELECT (SELECT string_agg(format('%s/%s/%s/%s', lock_key, owner_id, token, expires_at), ',' ORDER BY lock_key) FROM lock_entry)
+                || (SELECT string_agg(format('%s=%s', key, value), ',' ORDER BY key) FROM queue_setting)
+                || (SELECT string_agg(format('%s/%s/%s', job_kind, state, lease_until), ',' ORDER BY job_kind) FROM job_queue)
+                || (SELECT count(*) FROM lock_expiry_outbox)::text
+                || (SELECT count(*) FROM job_dead_letter)::text";
+    let before: String = sqlx::query_scalar(snapshot)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    let mut low = login.connect().await;
+
+    // Leases: no new lease, no renewal, no steal, no rewrite, no forged expiry.
+    assert_denied(&mut low, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('mine', 'me', 1, now() + interval '1 h')").await;
+    assert_denied(&mut low, "SELECT lock_acquire('mine', 'me', 60000)").await;
+    assert_denied(&mut low, "SELECT lock_acquire('expired-1', 'me', 60000)").await;
+    assert_denied(
+        &mut low,
+        "UPDATE lock_entry SET expires_at = now() + interval '1 day'",
+    )
+    .await;
+    assert_denied(&mut low, "UPDATE lock_entry SET token = token + 1000").await;
+    assert_denied(&mut low, "UPDATE lock_entry SET owner_id = 'me'").await;
+    assert_denied(
+        &mut low,
+        "SELECT lock_renew('live', (SELECT token FROM lock_entry WHERE lock_key = 'live'), 60000)",
+    )
+    .await;
+    assert_denied(&mut low, "TRUNCATE lock_entry").await;
+    assert_denied(&mut low, "INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)").await;
+    assert_denied(&mut low, "UPDATE lock_expiry_outbox SET expires_at = now()").await;
+    assert_denied(&mut low, "SELECT nextval('lock_fencing_token_seq')").await;
+    assert_denied(&mut low, "DELETE FROM lock_session").await;
+    // Gates and jobs: only through the reaper's apply.
+    assert_denied(
+        &mut low,
+        "SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'false', 'mallory')",
+    )
+    .await;
+    assert_denied(&mut low, "UPDATE queue_setting SET value = 'true'").await;
+    assert_denied(
+        &mut low,
+        "INSERT INTO queue_setting_audit (key, new_value, actor) VALUES ('k', 'v', 'mallory')",
+    )
+    .await;
+    assert_denied(&mut low, "SELECT fn_job_enqueue('evil')").await;
+    assert_denied(&mut low, "SELECT * FROM fn_job_claim('mallory')").await;
+    assert_denied(
+        &mut low,
+        "SELECT fn_job_move_to_dead_letter((SELECT job_id FROM job_queue LIMIT 1), 'x', 'mallory')",
+    )
+    .await;
+    assert_denied(
+        &mut low,
+        "UPDATE job_queue SET lease_until = now() - interval '1 h'",
+    )
+    .await;
+    assert_denied(&mut low, "DELETE FROM job_queue").await;
+    assert_denied(&mut low, "INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by) VALUES (gen_random_uuid(), 'k', '{}', 1, 'e', 'm')").await;
+    // No new objects, no other identity.
+    assert_denied(&mut low, "CREATE TABLE public.mine (x int)").await;
+    assert_denied(&mut low, "CREATE SCHEMA mine").await;
+    assert_denied(&mut low, "SET ROLE postgres").await;
+
+    let after: String = sqlx::query_scalar(snapshot)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "nothing changed");
+    low.close().await.unwrap();
+    login.drop(&mut admin).await;
+}
+
+#[tokio::test]
+#[ignore = "bug: DELETE is a table-wide privilege, so the sweeper role can delete (or lock_release) a \
+            live lease; route the sweep through SECURITY DEFINER functions that delete only expired \
+            rows and revoke DELETE/UPDATE (see docs/least-privilege.md)"]
+async fn a_login_role_granted_lease_sweeper_cannot_delete_or_release_a_live_lease() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "nodelete").await;
+    sqlx::query("SELECT lock_acquire('live', 'holder', 60000)")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut low = login.connect().await;
+    let mut denied = 0;
+    for sql in [
+        "DELETE FROM lock_entry WHERE lock_key = 'live'",
+        "SELECT lock_release('live', (SELECT token FROM lock_entry WHERE lock_key = 'live'))",
+    ] {
+        let res = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut low)
+            .await;
+        if res.is_err() {
+            denied += 1;
+        }
+    }
+    let left = count(&mut admin, "SELECT count(*) FROM lock_entry").await;
+    low.close().await.unwrap();
+    login.drop(&mut admin).await;
+    assert_eq!((denied, left), (2, 1), "the live lease survives");
+}
+
+/// Objects an attacker (a LOGIN role granted `lease_sweeper`, say a stolen
+/// sweeper credential) plants so that a definer function resolving names
+/// through the caller's `search_path` would use them. Each records a hit in
+/// `evil.hits` if it ever runs.
+const PLANT_IN_EVIL_AND_PG_TEMP: &str = "
+CREATE TABLE evil.hits (what text, as_user text);
+GRANT INSERT ON evil.hits TO PUBLIC;
+CREATE TABLE evil.queue_setting (key text, value text);
+INSERT INTO evil.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
+    ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
+CREATE TABLE evil.job_queue (LIKE public.job_queue);
+CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+    BEGIN INSERT INTO evil.hits VALUES ('now', current_user); RETURN pg_catalog.now() + interval '1 day'; END $$;
+CREATE FUNCTION evil.fn_job_reaper_gate_refusal() RETURNS jsonb LANGUAGE plpgsql AS $$
+    BEGIN INSERT INTO evil.hits VALUES ('gate', current_user); RETURN NULL; END $$;
+CREATE FUNCTION evil.fn_job_reaper_limit_refusal(integer) RETURNS jsonb LANGUAGE plpgsql AS $$
+    BEGIN INSERT INTO evil.hits VALUES ('limit', current_user); RETURN NULL; END $$;
+CREATE FUNCTION evil.jsonb_build_object(text, text, text, boolean, text, integer, text, integer, text, integer)
+    RETURNS jsonb LANGUAGE plpgsql AS $$
+    BEGIN INSERT INTO evil.hits VALUES ('jsonb_build_object', current_user); RETURN NULL; END $$;
+CREATE TEMP TABLE queue_setting (key text, value text);
+INSERT INTO pg_temp.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
+    ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
+CREATE TEMP TABLE job_queue (LIKE public.job_queue);
+CREATE FUNCTION pg_temp.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+    BEGIN INSERT INTO evil.hits VALUES ('pg_temp.now', current_user); RETURN pg_catalog.now() + interval '1 day'; END $$;
+SET search_path = evil, pg_temp, public;
+";
+
+async fn apply_as(conn: &mut PgConnection, limit: i32) -> serde_json::Value {
+    let text: String =
+        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', $1)::text")
+            .bind(limit)
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+#[tokio::test]
+async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_the_definer_apply() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "mallory").await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA evil AUTHORIZATION {}",
+        login.role
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let stale = insert_stale_jobs(&mut admin, "stale", 1, 0, 5).await;
+    let live = insert_live_job(&mut admin).await;
+    let mut low = login.connect().await;
+    sqlx::raw_sql(PLANT_IN_EVIL_AND_PG_TEMP)
+        .execute(&mut low)
+        .await
+        .unwrap();
+    assert_denied(
+        &mut low,
+        "CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT pg_catalog.now() + interval '1 day' $$",
+    )
+    .await;
+
+    // Its own limit check and the real gates still decide.
+    let out = apply_as(&mut low, 0).await;
+    assert_eq!(out["reason"], "limit_out_of_range", "{out}");
+    let out = apply_as(&mut low, 10).await;
+    assert_eq!(out["reason"], "queue.job_substrate.enabled=false", "{out}");
+    // With the real gates open it reaps the real stale job and not the live
+    // one that a planted now() would have made look stale.
+    open_gates(&mut admin).await;
+    let out = apply_as(&mut low, 10).await;
+    assert_eq!(
+        (
+            out["reset_count"].as_i64(),
+            out["dead_letter_count"].as_i64()
+        ),
+        (Some(1), Some(0)),
+        "{out}"
+    );
+    assert_eq!(job_state(&mut admin, &stale[0]).await, "retry_waiting");
+    assert_eq!(job_state(&mut admin, &live).await, "leased");
+    let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM evil.hits")
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert!(hits.is_empty(), "a planted object ran: {hits:?}");
+    low.close().await.unwrap();
+    login.drop(&mut admin).await;
+}
+
+#[tokio::test]
+#[ignore = "bug: where a role may CREATE in public (every database created before PostgreSQL 15 \
+            grants that to PUBLIC), an overload of jsonb_build_object runs inside the SECURITY \
+            DEFINER apply as its owner and skips the limit check; qualify pg_catalog.jsonb_build_object \
+            and pg_catalog.jsonb_agg in the definer's call tree (see report)"]
+async fn a_role_that_may_create_in_public_cannot_hijack_the_definer_apply_with_an_overload() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let login = SweeperLogin::create(&db, &mut admin, "overload").await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "GRANT CREATE ON SCHEMA public TO {0};
+         CREATE TABLE hits (what text, as_user text);
+         GRANT INSERT ON hits TO {0};",
+        login.role
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let mut low = login.connect().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.jsonb_build_object(text, text, text, boolean, text, integer, text, integer, text, integer)
+             RETURNS jsonb LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hits VALUES ('jsonb_build_object', current_user); RETURN NULL; END $$;",
+    )
+    .execute(&mut low)
+    .await
+    .unwrap();
+
+    let out = apply_as(&mut low, 0).await;
+    let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM hits")
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    low.close().await.unwrap();
+    login.drop(&mut admin).await;
+    assert!(
+        hits.is_empty(),
+        "attacker code ran inside the definer: {hits:?}"
+    );
+    assert_eq!(out["reason"], "limit_out_of_range", "{out}");
+}
