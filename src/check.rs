@@ -34,6 +34,13 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Said whenever part of the schema is missing.
 const MIGRATE_HINT: &str = "run `lease-sweeper migrate` with a role that may create objects";
 
+/// How a FAIL line about a missing privilege starts.
+const LACKS: &str = "this role lacks ";
+
+/// Added to the verdict when privileges are missing: the migrations ship a
+/// role holding exactly what `run` and `check` need.
+const ROLE_HINT: &str = "; the migrated role lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>";
+
 /// A database object the daemon or its commands rely on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
@@ -90,6 +97,12 @@ pub const EXPECTED: &[Object] = &[
 ];
 
 /// A privilege the daemon's role needs, and why.
+///
+/// A privilege written `UPDATE (column)` is satisfied by UPDATE on any column
+/// of the table: `SELECT … FOR UPDATE SKIP LOCKED` needs UPDATE on at least
+/// one column, not on the whole table. The column named is the one the
+/// `lease_sweeper` role is granted (migrations/20261129000300_sweeper_role.sql)
+/// and the one the `GRANT` hint suggests.
 #[derive(Debug, Clone, Copy)]
 pub struct Grant {
     pub on: Object,
@@ -101,13 +114,12 @@ pub struct Grant {
 pub const GRANTS: &[Grant] = &[
     Grant {
         on: Object::Table("lock_entry"),
-        // SELECT … FOR UPDATE needs UPDATE as well as SELECT.
-        privileges: &["SELECT", "UPDATE", "DELETE"],
+        privileges: &["SELECT", "DELETE", "UPDATE (acquired_at)"],
         why: "the sweep locks and deletes expired leases",
     },
     Grant {
         on: Object::Table("lock_expiry_outbox"),
-        privileges: &["SELECT", "UPDATE", "DELETE"],
+        privileges: &["SELECT", "DELETE", "UPDATE (new_token)"],
         why: "the sweep locks and drains recorded takeovers",
     },
     Grant {
@@ -199,10 +211,15 @@ impl Report {
         if self.passed() {
             format!("check passed: all {} checks ok", self.lines.len())
         } else {
+            let grants_missing = self
+                .lines
+                .iter()
+                .any(|l| !l.ok && l.detail.starts_with(LACKS));
             format!(
-                "check FAILED: {} of {} checks failed (see the FAIL lines above)",
+                "check FAILED: {} of {} checks failed (see the FAIL lines above){}",
                 self.failed(),
-                self.lines.len()
+                self.lines.len(),
+                if grants_missing { ROLE_HINT } else { "" }
             )
         }
     }
@@ -430,7 +447,17 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
 /// Whether `object` exists, as this role's `search_path` resolves it.
 async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::Error> {
     let what = object.to_string();
-    let missing = || Line::fail(object.to_string(), format!("missing; {MIGRATE_HINT}"));
+    // Not visible through search_path: either absent, or in a schema this
+    // role may not use (a schema without USAGE is skipped silently).
+    let missing = |elsewhere: Option<String>| match elsewhere {
+        None => Line::fail(object.to_string(), format!("missing; {MIGRATE_HINT}")),
+        Some(schemas) => Line::fail(
+            object.to_string(),
+            format!(
+                "not visible to this role, but found in schema {schemas}; GRANT USAGE ON SCHEMA {schemas} TO <this role>, or put it on the role's search_path"
+            ),
+        ),
+    };
     match object {
         Object::Table(name) | Object::Index(name) => {
             let found: Option<(String, Option<bool>, String)> = sqlx::query_as(
@@ -444,7 +471,15 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
             .fetch_optional(&mut *conn)
             .await?;
             let Some((relkind, valid, schema)) = found else {
-                return Ok(missing());
+                let elsewhere: Option<String> = sqlx::query_scalar(
+                    "SELECT string_agg(DISTINCT n.nspname::text, ', ')
+                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      WHERE c.relname = $1",
+                )
+                .bind(name)
+                .fetch_one(&mut *conn)
+                .await?;
+                return Ok(missing(elsewhere));
             };
             let want_index = matches!(object, Object::Index(_));
             let is_index = matches!(relkind.as_str(), "i" | "I");
@@ -475,7 +510,17 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
             .fetch_all(&mut *conn)
             .await?;
             Ok(match schemas.as_slice() {
-                [] => missing(),
+                [] => {
+                    let elsewhere: Option<String> = sqlx::query_scalar(
+                        "SELECT string_agg(DISTINCT n.nspname::text, ', ')
+                           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                          WHERE p.proname = $1",
+                    )
+                    .bind(name)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    missing(elsewhere)
+                }
                 found => Line::ok(what, format!("{}.{name}", found.join(","))),
             })
         }
@@ -490,7 +535,10 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
         Object::Table(name) | Object::Index(name) => {
             sqlx::query_scalar(
                 "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE
-                        coalesce(array_agg(p) FILTER (WHERE NOT has_table_privilege(to_regclass($1), p)), '{}')
+                        coalesce(array_agg(p) FILTER (WHERE NOT
+                            CASE WHEN p LIKE '% (%'
+                                 THEN has_any_column_privilege(to_regclass($1), split_part(p, ' ', 1))
+                                 ELSE has_table_privilege(to_regclass($1), p) END), '{}')
                         END
                    FROM unnest($2::text[]) AS p",
             )
@@ -527,7 +575,7 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
             Line::fail(
                 what,
                 format!(
-                    "this role lacks {}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
+                    "{LACKS}{}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
                     lacking.join(", "),
                     grant.why,
                     lacking.join(", ")

@@ -152,12 +152,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     let statsd = StatsdCapture::start().await;
     let role = format!("{}_sweeper", db.name);
     let mut admin = db.connect().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'"
-    )))
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    create_role(&mut admin, &role, "").await;
     let (url, secret) = with_credentials(&db.url, Some(&role), PASSWORD);
 
     // A role with no grants: connects, sees the schema, may do nothing.
@@ -176,12 +171,19 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
             "visible to any role: {text}"
         );
     }
-    let lock_entry = line(&bare, "grant SELECT, UPDATE, DELETE on table lock_entry");
+    let lock_entry = line(
+        &bare,
+        "grant SELECT, DELETE, UPDATE (acquired_at) on table lock_entry",
+    );
     assert!(
-        lock_entry
-            .detail
-            .contains("GRANT SELECT, UPDATE, DELETE ON TABLE lock_entry TO <this role>"),
+        lock_entry.detail.contains(
+            "GRANT SELECT, DELETE, UPDATE (acquired_at) ON TABLE lock_entry TO <this role>"
+        ),
         "{text}"
+    );
+    assert!(
+        text.contains("GRANT lease_sweeper TO <this role>"),
+        "points at the shipped role: {text}"
     );
 
     // Grant exactly what the report asks for: then everything passes…
@@ -227,9 +229,14 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     .await
     .unwrap();
     let revoked = preflight(&url, &statsd.target()).await;
-    let l = line(&revoked, "grant SELECT, UPDATE, DELETE on table lock_entry");
+    let l = line(
+        &revoked,
+        "grant SELECT, DELETE, UPDATE (acquired_at) on table lock_entry",
+    );
     assert!(
-        !l.ok && l.detail.starts_with("this role lacks UPDATE"),
+        !l.ok
+            && l.detail
+                .starts_with("this role lacks UPDATE (acquired_at),"),
         "{revoked}"
     );
     insert_expired(&mut admin, "denied-", 1, 10).await;
@@ -244,11 +251,76 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     );
     drop(as_role);
 
+    drop_role(&mut admin, &role).await;
+}
+
+/// A LOGIN role for this test's database, dropped by `drop_role`.
+async fn create_role(admin: &mut PgConnection, role: &str, options: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}' {options}"
+    )))
+    .execute(admin)
+    .await
+    .unwrap();
+}
+
+async fn drop_role(admin: &mut PgConnection, role: &str) {
     let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP OWNED BY {role}; DROP ROLE {role}"
     )))
-    .execute(&mut admin)
+    .execute(admin)
     .await;
+}
+
+#[tokio::test]
+async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let role = format!("{}_host", db.name);
+    let mut admin = db.connect().await;
+    create_role(&mut admin, &role, "IN ROLE lease_sweeper").await;
+    let (url, secret) = with_credentials(&db.url, Some(&role), PASSWORD);
+
+    let report = preflight(&url, &statsd.target()).await;
+    let text = report.to_string();
+
+    assert!(
+        report.passed(),
+        "the shipped role and the preflight agree:\n{text}"
+    );
+    assert!(!text.contains(&secret), "{text}");
+    assert!(!report.lines[0].detail.contains("superuser"), "{text}");
+    drop_role(&mut admin, &role).await;
+}
+
+#[tokio::test]
+async fn check_says_when_the_schema_is_there_but_not_usable_by_the_role() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let role = format!("{}_nousage", db.name);
+    let mut admin = db.connect().await;
+    create_role(&mut admin, &role, "").await;
+    // PostgreSQL 15 lets PUBLIC use schema public; this database does not.
+    sqlx::raw_sql("REVOKE USAGE ON SCHEMA public FROM PUBLIC")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (url, _) = with_credentials(&db.url, Some(&role), PASSWORD);
+
+    let report = preflight(&url, &statsd.target()).await;
+    let text = report.to_string();
+
+    let l = line(&report, "table lock_entry");
+    assert!(!l.ok, "{text}");
+    assert!(
+        l.detail.starts_with(
+            "not visible to this role, but found in schema public; GRANT USAGE ON SCHEMA public"
+        ),
+        "{text}"
+    );
+    let f = line(&report, "function fn_job_reap_stale_leases_apply");
+    assert!(f.detail.contains("found in schema public"), "{text}");
+    drop_role(&mut admin, &role).await;
 }
 
 #[tokio::test]
