@@ -1642,3 +1642,129 @@ async fn cli_database_errors_never_carry_the_password() {
     );
     assert!(out.is_empty());
 }
+
+/// Runs the real binary with only `LOCKDB_URL` (and PATH) set; returns the
+/// exit code, stdout and stderr.
+async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::process::Command::new(crate::support::binary())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LOCKDB_URL", &db.url)
+        .output()
+        .await
+        .expect("running lease-sweeper");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+#[ignore = "needs `Command::Jobs(cmd) => crate::jobs_cli::jobs(cmd).await` and `Command::Gates(args) => crate::jobs_cli::gates(args).await` in app::execute (not this file's owner)"]
+async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_bad_gate_key() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
+    insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
+    let json =
+        |s: &str| -> Value { serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s:?}")) };
+
+    let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "ops"]).await;
+    assert_eq!(
+        (code, json(&out)),
+        (Some(1), refusal("queue.job_substrate.enabled=false"))
+    );
+    assert_eq!(out.lines().count(), 1, "one line on a pipe: {out:?}");
+
+    let (code, out, err) = binary(
+        &db,
+        &["gates", "set", "queue.bogus", "true", "--actor", "ops"],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(json(&out)["refused"], true);
+    assert!(
+        err.contains("unknown setting key"),
+        "a clear message on stderr: {err}"
+    );
+
+    for (key, value, reason) in [
+        (SUBSTRATE, "true", "queue.lease.reaper_enabled=false"),
+        (REAPER, "true", "queue.lease.reaper_dry_run_only=true"),
+    ] {
+        let (code, out, err) = binary(&db, &["gates", "set", key, value, "--actor", "ops"]).await;
+        assert_eq!(
+            (code, json(&out)["value"].clone()),
+            (Some(0), json!(value)),
+            "{err}"
+        );
+        let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "ops"]).await;
+        assert_eq!((code, json(&out)), (Some(1), refusal(reason)));
+    }
+    let (code, out, _) = binary(&db, &["jobs", "dry-run", "--limit", "1"]).await;
+    let dry = json(&out);
+    assert_eq!(
+        (code, dry["stale_lease_count"].clone(), dry["limit"].clone()),
+        (Some(0), json!(2), json!(1))
+    );
+    binary(&db, &["gates", "set", DRY_ONLY, "false", "--actor", "ops"]).await;
+    let (code, out, _) = binary(&db, &["gates"]).await;
+    assert_eq!(
+        (code, json(&out)["apply_allowed"].clone()),
+        (Some(0), json!(true))
+    );
+
+    let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "phase2_proof_reaper"]).await;
+
+    let applied = json(&out);
+    assert_eq!(code, Some(0));
+    assert_eq!(applied["actor"], "phase2_proof_reaper");
+    assert_eq!(
+        (
+            applied["reset_count"].clone(),
+            applied["dead_letter_count"].clone()
+        ),
+        (json!(1), json!(1))
+    );
+    assert_eq!(applied["actions"][0]["backoff_sec"], 10);
+    assert_eq!(applied["actions"][1]["attempts"], 5);
+    // Usage errors are clap's: exit 2.
+    assert_eq!(
+        binary(&db, &["jobs", "apply"]).await.0,
+        Some(2),
+        "--actor is required"
+    );
+    assert_eq!(
+        binary(&db, &["jobs", "dry-run", "--limit", "0"]).await.0,
+        Some(2)
+    );
+}
+
+#[tokio::test]
+async fn cli_prints_indented_json_for_a_terminal_and_the_same_value_on_one_line_otherwise() {
+    let db = TestDb::new().await;
+    let dry = || JobsCommand::DryRun(LimitArg { limit: 5 });
+    let mut pretty = Vec::new();
+    let mut plain = Vec::new();
+
+    run_jobs(&db.target(), dry(), &mut pretty, true)
+        .await
+        .unwrap();
+    run_jobs(&db.target(), dry(), &mut plain, false)
+        .await
+        .unwrap();
+
+    let (pretty, plain) = (
+        String::from_utf8(pretty).unwrap(),
+        String::from_utf8(plain).unwrap(),
+    );
+    assert!(pretty.lines().count() > 3, "{pretty}");
+    assert_eq!(plain.lines().count(), 1, "{plain}");
+    let mut a: Value = serde_json::from_str(&pretty).unwrap();
+    let mut b: Value = serde_json::from_str(&plain).unwrap();
+    a["evaluated_at"].take();
+    b["evaluated_at"].take();
+    assert_eq!(a, b);
+}
