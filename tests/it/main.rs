@@ -4,6 +4,7 @@
 mod check;
 mod daemon;
 mod faults;
+mod hostile;
 mod jobs;
 mod privilege;
 mod support;
