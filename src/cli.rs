@@ -3,10 +3,18 @@
 //! Owns parsing only; `app` runs what was asked. Configuration comes from the
 //! environment (see `config`), never from flags: there is deliberately no
 //! flag for the sweep interval, the batch size or metric tags.
+//!
+//! The help pages are man-style (DESCRIPTION, OUTPUT, EXAMPLES, ENVIRONMENT,
+//! EXIT STATUS, SEE ALSO) because operators read them on hosts without the
+//! docs; the long forms live in docs/operations.md and docs/metrics-and-logs.md.
 
 use clap::{Args, Parser, Subcommand};
 
-const ENVIRONMENT: &str = "\
+/// The environment every database command reads (a macro so the pages below
+/// can `concat!` it).
+macro_rules! environment {
+    () => {
+        "\
 ENVIRONMENT:
   LOCKDB_URL     PostgreSQL URL of the lock database (postgres://USER:PASSWORD@HOST:PORT/DB)
   DATABASE_URL   used when LOCKDB_URL is unset
@@ -15,9 +23,199 @@ ENVIRONMENT:
   STATSD_HOST    StatsD agent host (default 127.0.0.1), resolved again after failures
   STATSD_PORT    StatsD agent UDP port (default 8125)
   RUST_LOG       extra diagnostic detail, e.g. lease_sweeper=debug (cannot silence lease_expired)
+  Passwords are never printed: databases are named postgres://USER@HOST:PORT/DB.
+"
+    };
+}
+
+const ENVIRONMENT: &str = concat!(
+    environment!(),
+    "
+EXIT STATUS:
+  0 success, 1 runtime failure (or a refused job apply), 2 usage or configuration error
+
+SEE ALSO:
+  docs/operations.md, docs/metrics-and-logs.md, docs/container.md, systemd/lease-sweeper.service"
+);
+
+const RUN_HELP: &str = concat!(
+    "\
+OUTPUT:
+  logfmt on stdout, one event per line: ts=<RFC 3339 UTC> level=<level> message=<event> ...
+  Exactly one line per expired lock lease, written before its deletion commits (a
+  log-based metric filter is `level=warn message=lease_expired`):
+    ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
+        overdueMillis=MS backend=pg reapedBy=sweep|takeover ownerId=O
+  One line per stale job lease acted on: level=warn message=job_lease_expired jobId=...
+  Diagnostics: starting, sweeper_started, sweep_failed / sweep_recovered (database
+  trouble: logged when it starts or changes, then once a minute), statsd_unavailable,
+  job_reaper_gated, shutdown_requested, sweeper_stopped (docs/metrics-and-logs.md).
+
+METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed after every sweep):
+  lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
+  queue.lease.reaped:N|c|#backend:pg,action:A   queue.lease.stale.current:N|g|#backend:pg
+
+SIGNALS:
+  SIGTERM, SIGINT   no new sweep; the batch in flight commits (or after 2 s rolls back);
+                    StatsD is flushed; exit 0
+  a second signal   exit at once with 128+signal
+
+SYSTEMD:
+  With NOTIFY_SOCKET set (Type=notify): READY=1 after the first sweep, WATCHDOG=1 after
+  every sweep (failed or not), STOPPING=1 on the first signal.
+
+EXAMPLES:
+  LOCKDB_URL=postgres://sweeper:secret@db.internal:5432/locks lease-sweeper run
+  LOCKDB_URL='postgres://sweeper@localhost/locks?host=/run/postgresql' STATSD_HOST=statsd.internal lease-sweeper run
+
+",
+    environment!(),
+    "  NOTIFY_SOCKET, WATCHDOG_USEC
+                 set by systemd for Type=notify and WatchdogSec
 
 EXIT STATUS:
-  0 success, 1 runtime failure (or a refused job apply), 2 usage or configuration error";
+  0 stopped by a signal after a clean drain; 2 configuration error (a restart cannot fix
+  it); 128+N forced by a second signal N. A database that is down or not migrated is not
+  an exit: the daemon logs it and retries every second.
+
+SEE ALSO:
+  lease-sweeper check, docs/operations.md, docs/metrics-and-logs.md,
+  systemd/lease-sweeper.service, docs/container.md"
+);
+
+const MIGRATE_HELP: &str = concat!(
+    "\
+DESCRIPTION:
+  Applies the migrations built into this binary: the lock and job-queue tables, indexes
+  and SQL functions, and the NOLOGIN role lease_sweeper holding exactly what `run` and
+  `check` need. Applied migrations are skipped; sqlx takes an advisory lock, so several
+  hosts may run it at once. Use a role that may create objects (and, the first time per
+  cluster, roles). During an upgrade, migrate before starting the new binaries.
+
+OUTPUT:
+  One `migrated` line on stderr.
+
+EXAMPLES:
+  LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper migrate
+
+",
+    environment!(),
+    "
+EXIT STATUS:
+  0 applied (or nothing to do), 1 the database refused or could not be reached,
+  2 configuration error
+
+SEE ALSO:
+  lease-sweeper check, docs/operations.md (Upgrade)"
+);
+
+const CHECK_HELP: &str = concat!(
+    "\
+DESCRIPTION:
+  With the same environment as `run`, checks and prints one line per item:
+    connect      the database answers within 3 s (role and server version; a superuser
+                 is flagged: prefer a least-privilege role)
+    migrations   every migration of this binary is applied, none failed or changed
+                 (newer ones are fine while an upgrade rolls out)
+    table, index, function
+                 every object the daemon uses is visible to this role; indexes are valid
+    grant        this role may do what `run` does: SELECT, DELETE and UPDATE on a column
+                 of lock_entry and lock_expiry_outbox (FOR UPDATE needs it), SELECT on
+                 queue_setting and job_queue, EXECUTE on the job reaper's functions
+    statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
+  Every FAIL line says what to do. Nothing is changed; the password is never printed.
+
+OUTPUT (stdout):
+  ok    migrations: all 3 applied (latest 20261129000300)
+  FAIL  grant SELECT on table job_queue: this role lacks SELECT, ...; GRANT SELECT ON TABLE job_queue TO <this role>
+  check FAILED: 1 of 27 checks failed (see the FAIL lines above)
+
+SYSTEMD:
+  The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
+  before every start, and a failure does not block it (the daemon itself waits out a
+  database that is down; a blocking preflight would turn a brief outage into a failed unit).
+
+EXAMPLES:
+  LOCKDB_URL=postgres://sweeper_host_a:secret@db.internal:5432/locks lease-sweeper check
+
+",
+    environment!(),
+    "
+EXIT STATUS:
+  0 every check passed, 1 at least one FAIL line, 2 configuration error
+
+SEE ALSO:
+  lease-sweeper migrate, docs/operations.md (Install, Troubleshooting)"
+);
+
+const JOBS_HELP: &str = concat!(
+    "\
+DESCRIPTION:
+  The job queue's stale-lease reaper, by hand. `dry-run` is read-only and always allowed;
+  `apply` acts only while the three gates allow it (see `lease-sweeper gates`). The daemon
+  runs the same apply on every sweep; these commands are for operators.
+
+OUTPUT:
+  The SQL function's JSON on stdout; diagnostics on stderr.
+
+EXAMPLES:
+  lease-sweeper jobs dry-run --limit 20
+  lease-sweeper jobs apply --actor alice@ops --limit 100
+
+",
+    environment!(),
+    "
+EXIT STATUS:
+  0 success, 1 failure or a refused apply (the JSON says why), 2 usage or configuration error
+
+SEE ALSO:
+  lease-sweeper gates, docs/jobs-operator-guide.md, docs/sql-api.md"
+);
+
+const GATES_HELP: &str = concat!(
+    "\
+DESCRIPTION:
+  Without a subcommand: prints every queue setting, and whether an apply is allowed now,
+  as JSON. `gates set` changes one setting through the audited setter (who, when, the old
+  and new value are recorded); unknown keys and invalid values are rejected.
+  The reaper applies only when queue.job_substrate.enabled=true,
+  queue.lease.reaper_enabled=true and queue.lease.reaper_dry_run_only=false.
+
+SETTINGS (defaults):
+  queue.job_substrate.enabled=false      queue.lease.reaper_enabled=false
+  queue.lease.reaper_dry_run_only=true   queue.retry.backoff_base_sec=10
+  queue.lease.duration_sec=300
+
+EXAMPLES:
+  lease-sweeper gates
+  lease-sweeper gates set queue.lease.reaper_enabled true --actor alice@ops
+
+",
+    environment!(),
+    "
+EXIT STATUS:
+  0 success, 1 a rejected setting or failure, 2 usage or configuration error
+
+SEE ALSO:
+  lease-sweeper jobs, docs/jobs-operator-guide.md"
+);
+
+const DEMO_HELP: &str = "\
+NEEDS:
+  PostgreSQL's server binaries (initdb, postgres) under /usr/lib/postgresql/*/bin, on PATH
+  or in PG_BINDIR; as root, a `postgres` (or `nobody`) user to run them as. No server needs
+  to be running, no configuration is read, and nothing outside a temporary directory is
+  touched.
+
+OUTPUT:
+  The demonstration's own events (demo_*) and the daemon's lines and StatsD datagrams,
+  logfmt on stdout.
+
+EXIT STATUS:
+  0 the demonstration ran and cleaned up, 1 it could not (the error says why)
+
+SEE ALSO:
+  lease-sweeper run, README.md";
 
 /// Sweeps expired lock leases and stale job leases out of PostgreSQL, turning
 /// each lock-lease expiry into one WARN `lease_expired` line and one StatsD
@@ -40,25 +238,33 @@ pub enum Command {
     /// queue gates allow, reaps stale job leases. Database errors are logged
     /// at ERROR and the next sweep still runs. The first signal stops after
     /// the batch in flight and flushes StatsD; a second exits at once.
-    #[command(after_help = ENVIRONMENT)]
+    ///
+    /// Configuration is the environment only: there is deliberately no flag
+    /// for the interval (a fixed 1 s delay, so sweeps never overlap), the batch
+    /// size or metric tags. Several replicas may sweep one database at once:
+    /// they split the work (FOR UPDATE SKIP LOCKED) and never count a lease
+    /// twice. The database's clock decides what has expired.
+    #[command(after_help = RUN_HELP)]
     Run,
 
     /// Apply the bundled schema migrations (idempotent; safe from several hosts).
-    #[command(after_help = ENVIRONMENT)]
+    #[command(after_help = MIGRATE_HELP)]
     Migrate,
 
     /// Preflight: check connection, schema, functions, privileges and StatsD.
     ///
-    /// Prints one line per check and exits 0 when all pass, 1 otherwise.
-    /// Suitable for systemd's ExecStartPre. Never prints secrets.
-    #[command(after_help = ENVIRONMENT)]
+    /// Prints one `ok`/`FAIL` line per check on stdout, then a verdict, and
+    /// exits 0 when all pass, 1 otherwise. For operators and for systemd's
+    /// ExecStartPre. Never prints secrets.
+    #[command(after_help = CHECK_HELP)]
     Check,
 
     /// Inspect or reap stale job leases (prints the SQL functions' JSON).
-    #[command(subcommand)]
+    #[command(subcommand, after_help = JOBS_HELP)]
     Jobs(JobsCommand),
 
     /// Show the queue gates, or change one (audited).
+    #[command(after_help = GATES_HELP)]
     Gates(GatesArgs),
 
     /// The embedded default: a self-contained demonstration on a throwaway
@@ -68,14 +274,26 @@ pub enum Command {
     /// acts as a lock server that acquires leases and abandons some, opens the
     /// queue gates and abandons leased jobs, runs the real daemon so its lines
     /// and StatsD datagrams show, stops it with SIGTERM and removes the cluster.
+    #[command(after_help = DEMO_HELP)]
     Demo,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
     /// Show what the reaper would do now (read-only, always allowed).
+    ///
+    /// Prints `stale_lease_count` (every stale lease) and, for the `--limit`
+    /// oldest, each job's `would_action`: `reset_to_retry_waiting` or
+    /// `move_to_dead_letter`. Mutates nothing, whatever the gates say.
     DryRun(LimitArg),
     /// Reap stale job leases now; refused unless the three gates allow it.
+    ///
+    /// Refused, in this order, for an empty actor, then while
+    /// queue.job_substrate.enabled is false, queue.lease.reaper_enabled is
+    /// false or queue.lease.reaper_dry_run_only is true (exit 1, the reason
+    /// in the JSON). Otherwise each stale job returns to retry_waiting with
+    /// exponential backoff, or moves to the dead-letter table at its last
+    /// attempt; a job completed or re-leased meanwhile is never touched.
     Apply {
         /// Who is acting (recorded on dead letters and in the output).
         #[arg(long, value_name = "NAME")]
@@ -102,6 +320,9 @@ pub struct GatesArgs {
 #[derive(Debug, Subcommand)]
 pub enum GatesCommand {
     /// Change one queue setting through the audited setter.
+    ///
+    /// The setter validates the key and the value and records who changed
+    /// what, and when; a rejected change exits 1 with the reason as JSON.
     Set {
         /// e.g. queue.lease.reaper_enabled
         key: String,
