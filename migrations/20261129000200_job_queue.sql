@@ -15,6 +15,16 @@
 -- shadow a table or function) and are not executable by PUBLIC; the owner
 -- grants EXECUTE to the roles that need it (docs/sql-api.md). Everything else
 -- is SECURITY INVOKER and needs the caller's own table privileges.
+--
+-- A pinned search_path is not enough on its own: PostgreSQL prefers a better
+-- matching overload in a later schema to pg_catalog's variadic, polymorphic
+-- or coercing one, so a role that may CREATE in public (every database
+-- created before PostgreSQL 15) could slip its own jsonb_build_object(text,
+-- …) or *(bigint, interval) into the definer's call tree. So every call in
+-- this file is either schema-qualified (pg_catalog.jsonb_build_object,
+-- pg_catalog.jsonb_agg) or written with operand types that match a
+-- pg_catalog operator exactly (float8 * interval, numeric * numeric), where
+-- the earlier schema wins.
 
 CREATE TABLE job_queue (
     job_id       uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -148,7 +158,7 @@ BEGIN
     RETURNING s.* INTO v_row;
     INSERT INTO queue_setting_audit (key, old_value, new_value, actor)
     VALUES (p_key, v_old, v_value, p_actor);
-    RETURN jsonb_build_object(
+    RETURN pg_catalog.jsonb_build_object(
         'key', v_row.key,
         'old_value', v_old,
         'value', v_row.value,
@@ -184,7 +194,7 @@ LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
     SELECT CASE WHEN p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
-        jsonb_build_object('reason', 'limit_out_of_range', 'refused', true,
+        pg_catalog.jsonb_build_object('reason', 'limit_out_of_range', 'refused', true,
                            'limit', p_limit, 'limit_min', 1, 'limit_max', 10000)
     END
 $$;
@@ -197,7 +207,7 @@ RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
-    SELECT jsonb_build_object(
+    SELECT pg_catalog.jsonb_build_object(
         'dead_letter_id', p_dead_letter_id,
         'job_id', p_job_id,
         'state', 'dead_letter',
@@ -268,7 +278,7 @@ BEGIN
     UPDATE job_queue AS j
        SET state = 'leased',
            lease_owner = p_worker,
-           lease_until = now() + v_duration * interval '1 second',
+           lease_until = now() + v_duration::float8 * interval '1 second',
            updated_at = now()
       FROM picked
      WHERE j.job_id = picked.job_id
@@ -289,7 +299,7 @@ DECLARE
 BEGIN
     UPDATE job_queue
        SET lease_until = now() + coalesce((SELECT value::integer FROM queue_setting
-                                            WHERE key = 'queue.lease.duration_sec'), 300) * interval '1 second',
+                                            WHERE key = 'queue.lease.duration_sec'), 300)::float8 * interval '1 second',
            updated_at = now()
      WHERE job_id = p_job_id
        AND state = 'leased'
@@ -341,10 +351,10 @@ BEGIN
     END IF;
     SELECT * INTO v_job FROM job_queue WHERE job_id = p_job_id FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN jsonb_build_object('reason', 'job_not_found', 'refused', true, 'job_id', p_job_id);
+        RETURN pg_catalog.jsonb_build_object('reason', 'job_not_found', 'refused', true, 'job_id', p_job_id);
     END IF;
     IF v_job.state NOT IN ('queued', 'leased', 'retry_waiting') THEN
-        RETURN jsonb_build_object('reason', 'job_not_movable', 'refused', true,
+        RETURN pg_catalog.jsonb_build_object('reason', 'job_not_movable', 'refused', true,
                                   'job_id', p_job_id, 'state', v_job.state);
     END IF;
     UPDATE job_queue
@@ -377,7 +387,7 @@ BEGIN
     IF v_refusal IS NOT NULL THEN
         RETURN v_refusal;
     END IF;
-    RETURN jsonb_build_object(
+    RETURN pg_catalog.jsonb_build_object(
         'evaluated_at', now(),
         'stale_lease_count', (SELECT count(*)
                                 FROM job_queue
@@ -387,7 +397,7 @@ BEGIN
         'limit', p_limit,
         'mutation', false,
         'jobs', coalesce((
-            SELECT jsonb_agg(jsonb_build_object(
+            SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                        'job_id', s.job_id,
                        'job_kind', s.job_kind,
                        'lease_owner', s.lease_owner,
@@ -459,7 +469,7 @@ BEGIN
            SET state = 'retry_waiting',
                attempts = s.bumped,
                last_error = 'lease_expired_reaped',
-               scheduled_at = now() + (v_base * (1::bigint << least(s.bumped - 1, 10))) * interval '1 second',
+               scheduled_at = now() + (v_base * (1::bigint << least(s.bumped - 1, 10)))::float8 * interval '1 second',
                lease_owner = NULL,
                lease_until = NULL,
                updated_at = now()
@@ -496,7 +506,7 @@ BEGIN
     ),
     actions AS (
         SELECT r.lease_until, r.job_id,
-               jsonb_build_object(
+               pg_catalog.jsonb_build_object(
                    'action', 'reset_to_retry_waiting',
                    'job_id', r.job_id,
                    'attempts', r.attempts,
@@ -506,13 +516,13 @@ BEGIN
                    'lease_owner', r.lease_owner,
                    'lease_until', r.lease_until,
                    'max_attempts', r.max_attempts,
-                   'overdue_millis', floor(extract(epoch FROM now() - r.lease_until) * 1000)::bigint
+                   'overdue_millis', floor(extract(epoch FROM now() - r.lease_until) * 1000::numeric)::bigint
                ) AS action,
                false AS dead
           FROM reset AS r
         UNION ALL
         SELECT m.lease_until, m.job_id,
-               jsonb_build_object(
+               pg_catalog.jsonb_build_object(
                    'action', 'moved_to_dead_letter',
                    'job_id', m.job_id,
                    'attempts', m.attempts,
@@ -522,18 +532,18 @@ BEGIN
                    'lease_owner', m.lease_owner,
                    'lease_until', m.lease_until,
                    'max_attempts', m.max_attempts,
-                   'overdue_millis', floor(extract(epoch FROM now() - m.lease_until) * 1000)::bigint
+                   'overdue_millis', floor(extract(epoch FROM now() - m.lease_until) * 1000::numeric)::bigint
                ),
                true
           FROM doomed AS m
           JOIN dead AS d USING (job_id)
     )
-    SELECT jsonb_build_object(
+    SELECT pg_catalog.jsonb_build_object(
                'actor', p_actor,
                'refused', false,
                'reset_count', count(*) FILTER (WHERE NOT a.dead),
                'dead_letter_count', count(*) FILTER (WHERE a.dead),
-               'actions', coalesce(jsonb_agg(a.action ORDER BY a.lease_until, a.job_id), '[]'::jsonb))
+               'actions', coalesce(pg_catalog.jsonb_agg(a.action ORDER BY a.lease_until, a.job_id), '[]'::jsonb))
       INTO v_result
       FROM actions AS a;
     RETURN v_result;

@@ -1052,6 +1052,130 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
 }
 
 #[tokio::test]
+async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_definer_functions() {
+    let db = TestDb::new().await;
+    let mut owner = db.connect().await;
+    let role = format!("{}_creator", db.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'creator-pw';
+         GRANT CREATE ON SCHEMA public TO {role};
+         GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) TO {role};
+         GRANT EXECUTE ON FUNCTION fn_queue_setting_set(text, text, text) TO {role};"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+    insert_stale(&mut owner, "retry", 2, 0, 5, 1_000).await;
+    insert_stale(&mut owner, "bury", 1, 0, 1, 1_000).await;
+    open_gates(&mut owner).await;
+    let mut url = url::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    url.set_password(Some("creator-pw")).unwrap();
+    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
+        .await
+        .unwrap();
+    // Better-matching overloads than pg_catalog's variadic, polymorphic or
+    // coercing ones, each recording who it ran as.
+    sqlx::raw_sql(
+        r#"CREATE TABLE public.hits (what text, as_user text);
+           GRANT INSERT ON public.hits TO PUBLIC;
+           CREATE FUNCTION public.hit(w text) RETURNS void LANGUAGE sql
+               AS $$ INSERT INTO public.hits VALUES (w, current_user) $$;
+           CREATE FUNCTION public.jsonb_build_object(text, text, text, boolean, text, bigint, text, bigint, text, jsonb)
+               RETURNS jsonb LANGUAGE sql AS $$ SELECT public.hit('report'); SELECT '{}'::jsonb $$;
+           CREATE FUNCTION public.jsonb_build_object(text, text, text, boolean, text, integer, text, integer, text, integer)
+               RETURNS jsonb LANGUAGE sql AS $$ SELECT public.hit('limit'); SELECT '{}'::jsonb $$;
+           CREATE FUNCTION public.jsonb_build_object(text, text, text, text, text, text, text, text, text, timestamptz)
+               RETURNS jsonb LANGUAGE sql AS $$ SELECT public.hit('setter'); SELECT '{}'::jsonb $$;
+           CREATE FUNCTION public.agg_step(jsonb, jsonb) RETURNS jsonb LANGUAGE sql
+               AS $$ SELECT public.hit('jsonb_agg'); SELECT '[]'::jsonb $$;
+           CREATE AGGREGATE public.jsonb_agg(jsonb) (sfunc = public.agg_step, stype = jsonb);
+           CREATE FUNCTION public.mul_bi(bigint, interval) RETURNS interval LANGUAGE sql
+               AS $$ SELECT public.hit('bigint*interval'); SELECT interval '0' $$;
+           CREATE OPERATOR public.* (leftarg = bigint, rightarg = interval, function = public.mul_bi);
+           CREATE FUNCTION public.mul_ni(numeric, integer) RETURNS numeric LANGUAGE sql
+               AS $$ SELECT public.hit('numeric*integer'); SELECT 0::numeric $$;
+           CREATE OPERATOR public.* (leftarg = numeric, rightarg = integer, function = public.mul_ni);"#,
+    )
+    .execute(&mut low)
+    .await
+    .unwrap();
+    let call = |sql: &'static str| sqlx::query_scalar::<_, String>(sql);
+
+    let limit: Value = serde_json::from_str(
+        &call("SELECT fn_job_reap_stale_leases_apply('creator', 0)::text")
+            .fetch_one(&mut low)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let applied: Value = serde_json::from_str(
+        &call("SELECT fn_job_reap_stale_leases_apply('creator', 10)::text")
+            .fetch_one(&mut low)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let setting: Value = serde_json::from_str(
+        &call("SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'creator')::text")
+            .fetch_one(&mut low)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+
+    let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM public.hits")
+        .fetch_all(&mut owner)
+        .await
+        .unwrap();
+    assert!(
+        hits.is_empty(),
+        "attacker code ran inside a definer: {hits:?}"
+    );
+    assert_eq!(limit["reason"], "limit_out_of_range", "{limit}");
+    assert_eq!(
+        (
+            applied["reset_count"].clone(),
+            applied["dead_letter_count"].clone()
+        ),
+        (json!(2), json!(1))
+    );
+    let backoffs: Vec<&Value> = applied["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.get("backoff_sec"))
+        .collect();
+    assert_eq!(backoffs, [&json!(10), &json!(10)]);
+    assert!(applied["actions"][0]["overdue_millis"].as_i64().unwrap() >= 1_000);
+    let waits: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM scheduled_at - updated_at)::float8 FROM job_queue WHERE state = 'retry_waiting'",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    assert_eq!(waits, [10.0, 10.0]);
+    assert_eq!(setting["value"], "60");
+    // And no unqualified variadic/polymorphic JSON builder is left anywhere.
+    let unqualified: Vec<String> = sqlx::query_scalar(
+        r"SELECT proname::text FROM pg_proc
+           WHERE proname ~ '^fn_(job|queue)_'
+             AND prosrc ~ '(^|[^.a-z_])jsonb_(build_object|agg)\('",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .unwrap();
+    assert!(unqualified.is_empty(), "{unqualified:?}");
+    sqlx::Connection::close(low).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&mut owner)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
 async fn claim_refuses_while_the_substrate_is_off_and_leases_for_the_configured_duration() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
