@@ -24,10 +24,9 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run => run_daemon().await.map(|()| ExitCode::SUCCESS),
         Command::Migrate => migrate().await.map(|()| ExitCode::SUCCESS),
         Command::Demo => crate::demo::run().await.map(|()| ExitCode::SUCCESS),
-        Command::Check => anyhow::bail!("check: not available in this build yet"),
-        Command::Jobs(_) | Command::Gates(_) => {
-            anyhow::bail!("jobs/gates: not available in this build yet")
-        }
+        Command::Check => crate::check::run().await,
+        Command::Jobs(cmd) => crate::jobs_cli::jobs(cmd).await,
+        Command::Gates(args) => crate::jobs_cli::gates(args).await,
     }
 }
 

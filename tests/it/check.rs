@@ -367,7 +367,6 @@ async fn check_gives_up_on_a_silent_server_within_its_timeout_and_names_every_fa
 }
 
 #[tokio::test]
-#[ignore = "needs `Command::Check => crate::check::run().await` in app::execute (not this file's owner)"]
 async fn the_check_command_exits_0_or_1_prints_its_list_on_stdout_and_no_password() {
     let migrated = TestDb::new().await;
     let empty = TestDb::empty().await;

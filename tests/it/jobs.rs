@@ -1786,7 +1786,6 @@ async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 #[tokio::test]
-#[ignore = "needs `Command::Jobs(cmd) => crate::jobs_cli::jobs(cmd).await` and `Command::Gates(args) => crate::jobs_cli::gates(args).await` in app::execute (not this file's owner)"]
 async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_bad_gate_key() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
