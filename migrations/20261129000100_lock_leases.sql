@@ -81,8 +81,8 @@ BEGIN
     IF p_owner_id IS NULL THEN
         RAISE EXCEPTION 'lock_acquire: owner id must not be NULL' USING ERRCODE = '22023';
     END IF;
-    IF p_ttl_millis IS NULL OR p_ttl_millis <= 0 THEN
-        RAISE EXCEPTION 'lock_acquire: ttl must be a positive number of milliseconds, got %', p_ttl_millis
+    IF p_ttl_millis IS NULL OR p_ttl_millis <= 0 OR p_ttl_millis > 31536000000 THEN
+        RAISE EXCEPTION 'lock_acquire: ttl must be a positive number of milliseconds, got % (at most 31536000000, one year)', p_ttl_millis
             USING ERRCODE = '22023';
     END IF;
     INSERT INTO lock_entry AS e (lock_key, session_id, owner_id, token, acquired_at, expires_at)
@@ -106,8 +106,8 @@ CREATE FUNCTION lock_renew(p_lock_key text, p_token bigint, p_ttl_millis bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF p_ttl_millis IS NULL OR p_ttl_millis <= 0 THEN
-        RAISE EXCEPTION 'lock_renew: ttl must be a positive number of milliseconds, got %', p_ttl_millis
+    IF p_ttl_millis IS NULL OR p_ttl_millis <= 0 OR p_ttl_millis > 31536000000 THEN
+        RAISE EXCEPTION 'lock_renew: ttl must be a positive number of milliseconds, got % (at most 31536000000, one year)', p_ttl_millis
             USING ERRCODE = '22023';
     END IF;
     UPDATE lock_entry
@@ -130,3 +130,69 @@ LANGUAGE sql AS $$
     )
     SELECT EXISTS (SELECT 1 FROM gone)
 $$;
+
+-- The sweeper's two deleting statements, as functions that can only ever
+-- delete what has expired. They are SECURITY DEFINER so the sweeper's role
+-- needs EXECUTE on them instead of a table-wide DELETE (which would let it
+-- delete a live lease); EXECUTE is revoked from PUBLIC because whoever calls
+-- them must report what they return (the caller writes the lease_expired
+-- lines before committing).
+--
+-- Hardening of the definer bodies: search_path is pinned with pg_temp last,
+-- every function call is pg_catalog-qualified (EXTRACT is by the grammar),
+-- and every operator has operands of exactly the built-in's types, so no
+-- overload a role creates in public can be a better match and run as owner.
+--
+-- Shape (see queries::locks and docs/decisions.md): rows are chosen oldest
+-- deadline first with FOR UPDATE SKIP LOCKED, so replicas split the work and
+-- never wait on each other or on an acquire stealing a row; the delete is by
+-- tuple id (ctid = ANY(ARRAY(…))), which avoids the hash semi-join over a
+-- sequential scan that `lock_key IN (subquery)` is planned as; the deadline is
+-- checked again on the delete itself. The database clock decides expiry and
+-- lateness, so a sidecar with a wrong clock can neither delete a live lease
+-- nor misreport how late it was.
+CREATE FUNCTION lock_reap_expired(p_limit integer)
+RETURNS TABLE (lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+    WITH doomed AS (
+        SELECT ctid
+          FROM lock_entry
+         WHERE expires_at <= pg_catalog.now()
+         ORDER BY expires_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM lock_entry AS e
+     WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+       AND e.expires_at <= pg_catalog.now()
+    RETURNING e.lock_key,
+              e.owner_id,
+              e.token,
+              pg_catalog.floor(EXTRACT(epoch FROM e.expires_at) * 1000::numeric)::bigint,
+              pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.now() - e.expires_at) * 1000::numeric)::bigint
+$$;
+
+-- Drains recorded takeovers, oldest first; lateness is measured at the
+-- moment of the steal.
+CREATE FUNCTION lock_drain_takeovers(p_limit integer)
+RETURNS TABLE (lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+    DELETE FROM lock_expiry_outbox AS o
+     WHERE o.outbox_id = ANY (ARRAY(
+            SELECT outbox_id
+              FROM lock_expiry_outbox
+             ORDER BY outbox_id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED))
+    RETURNING o.lock_key,
+              o.owner_id,
+              o.token,
+              pg_catalog.floor(EXTRACT(epoch FROM o.expires_at) * 1000::numeric)::bigint,
+              pg_catalog.floor(EXTRACT(epoch FROM o.taken_over_at - o.expires_at) * 1000::numeric)::bigint
+$$;
+
+REVOKE ALL ON FUNCTION lock_reap_expired(integer), lock_drain_takeovers(integer) FROM PUBLIC;

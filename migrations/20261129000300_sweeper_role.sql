@@ -8,13 +8,11 @@
 --     -- or, for an existing role:  GRANT lease_sweeper TO sweeper_host_a;
 --
 -- What it may do, and why (one line per need):
---   lock_entry          SELECT, DELETE        find and delete expired leases; count held ones
---                       UPDATE (acquired_at)  only because SELECT … FOR UPDATE SKIP LOCKED
---                                             requires UPDATE on at least one column; the
---                                             column chosen is informational, never read by
---                                             acquire/renew/release or the sweep
---   lock_expiry_outbox  SELECT, DELETE        drain recorded takeovers
---                       UPDATE (new_token)    the same FOR UPDATE rule; a column no report uses
+--   lock_entry          SELECT                count held leases (lock.held.current)
+--   lock_reap_expired(integer), lock_drain_takeovers(integer)
+--                       EXECUTE               the sweep's only way to delete: SECURITY DEFINER
+--                                             functions that delete nothing but expired leases
+--                                             and recorded takeovers
 --   queue_setting       SELECT                the gates (fn_job_reaper_gate_refusal is
 --                                             SECURITY INVOKER) and `lease-sweeper gates`
 --   job_queue           SELECT                the dry run behind queue.lease.stale.current
@@ -27,17 +25,15 @@
 --   _sqlx_migrations    SELECT                `check` compares applied and built migrations
 --   the schema          USAGE
 --
--- What it may not do: insert, renew or steal leases (no INSERT, no UPDATE of
--- any other column, lock_acquire/renew/release run with the caller's rights),
+-- What it may not do: insert, renew or steal leases (no INSERT or UPDATE on
+-- any table; lock_acquire/renew/release run with the caller's rights),
 -- touch jobs or dead letters except through the reaper's apply, change a queue
 -- setting (fn_queue_setting_set is not executable by PUBLIC and is not
 -- granted), create objects anywhere, log in by itself.
 --
--- Known gap (docs/least-privilege.md): DELETE is a table-wide privilege, so
--- this role could delete a live lease by hand. Routing the sweep's delete
--- through a SECURITY DEFINER function that only deletes `expires_at <= now()`
--- removes DELETE and UPDATE from this role; that needs the daemon to call the
--- function instead of its own statement.
+-- It holds no DELETE or UPDATE on any table, so it cannot delete, release
+-- or lock a live lease (DELETE is a table-wide privilege; the definer
+-- functions above are how it deletes, and they only delete what expired).
 --
 -- Roles are cluster-wide and every database of a cluster runs this migration
 -- (the test suite runs it in dozens at once), so creating the role is
@@ -62,10 +58,8 @@ BEGIN
 END
 $$;
 
-GRANT SELECT, DELETE ON lock_entry TO lease_sweeper;
-GRANT UPDATE (acquired_at) ON lock_entry TO lease_sweeper;
-GRANT SELECT, DELETE ON lock_expiry_outbox TO lease_sweeper;
-GRANT UPDATE (new_token) ON lock_expiry_outbox TO lease_sweeper;
+GRANT SELECT ON lock_entry TO lease_sweeper;
+GRANT EXECUTE ON FUNCTION lock_reap_expired(integer), lock_drain_takeovers(integer) TO lease_sweeper;
 
 GRANT SELECT ON queue_setting TO lease_sweeper;
 GRANT SELECT ON job_queue TO lease_sweeper;

@@ -84,6 +84,8 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("lock_acquire"),
     Object::Function("lock_renew"),
     Object::Function("lock_release"),
+    Object::Function("lock_reap_expired"),
+    Object::Function("lock_drain_takeovers"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -114,13 +116,20 @@ pub struct Grant {
 pub const GRANTS: &[Grant] = &[
     Grant {
         on: Object::Table("lock_entry"),
-        privileges: &["SELECT", "DELETE", "UPDATE (acquired_at)"],
-        why: "the sweep locks and deletes expired leases",
+        privileges: &["SELECT"],
+        why: "the lock.held.current gauge counts held leases",
+    },
+    // The sweep deletes only through these SECURITY DEFINER functions, which
+    // can delete nothing but expired rows: no DELETE on the tables is needed.
+    Grant {
+        on: Object::Function("lock_reap_expired"),
+        privileges: &["EXECUTE"],
+        why: "the sweep deletes expired leases through it",
     },
     Grant {
-        on: Object::Table("lock_expiry_outbox"),
-        privileges: &["SELECT", "DELETE", "UPDATE (new_token)"],
-        why: "the sweep locks and drains recorded takeovers",
+        on: Object::Function("lock_drain_takeovers"),
+        privileges: &["EXECUTE"],
+        why: "the sweep drains recorded takeovers through it",
     },
     Grant {
         on: Object::Table("queue_setting"),

@@ -15,6 +15,7 @@
 
 use serde::Deserialize;
 use sqlx::{Connection as _, PgConnection};
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::DbTarget;
@@ -151,24 +152,31 @@ impl JobReaper {
         &self.actor
     }
 
-    /// One pass: if the gates allow, reap batch by batch until a short batch;
-    /// then report the stale-lease gauge. Errors leave the batch in flight
+    /// One pass: if the gates allow, reap batch by batch until a short batch
+    /// (or until `cancel` fires, checked between batches); then report the
+    /// stale-lease gauge. Errors leave the batch in flight
     /// rolled back (its jobs are reaped, and their lines written, by a later
     /// pass).
     pub async fn reap_once(
         &mut self,
         events: &mut EventLog,
         metrics: &Metrics,
+        cancel: &CancellationToken,
     ) -> Result<JobOutcome, StoreError> {
         let mut outcome = JobOutcome::default();
         let mut refusal = self.gate_refusal().await?;
         while refusal.is_none() {
+            if cancel.is_cancelled() {
+                // Shutdown: stop between batches, like the lock sweep.
+                return Ok(outcome);
+            }
             self.note_gate(None);
             match self.apply_batch(events).await? {
                 Batch::Refused(reason) => refusal = Some(reason),
                 Batch::Applied(report) => {
                     metrics.job_lease_reaped(BACKEND, ACTION_RESET, report.reset_count);
                     metrics.job_lease_reaped(BACKEND, ACTION_DEAD_LETTER, report.dead_letter_count);
+                    metrics.flush().await;
                     outcome.reset += report.reset_count;
                     outcome.dead_lettered += report.dead_letter_count;
                     if report.actions.len() < JOB_BATCH_SIZE as usize {

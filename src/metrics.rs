@@ -41,6 +41,11 @@ const MAX_PENDING_DATAGRAMS: usize = 256;
 /// How long a DNS lookup of the StatsD host may hold up a flush.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// After a failed lookup, flushes skip resolving for this long: a drain
+/// flushes after every batch and must not wait on DNS each time. What is
+/// buffered meanwhile is kept (bounded) and sent once the host resolves.
+const RESOLVE_RETRY: Duration = Duration::from_secs(5);
+
 /// The daemon's StatsD client.
 #[derive(Clone)]
 pub struct Metrics {
@@ -104,6 +109,9 @@ impl Metrics {
             return;
         }
         if !self.sink.has_addr() {
+            if !self.sink.may_resolve() {
+                return;
+            }
             let target = (self.sink.target.host.clone(), self.sink.target.port);
             let resolved = match tokio::time::timeout(
                 RESOLVE_TIMEOUT,
@@ -120,6 +128,7 @@ impl Metrics {
                 Err(cause) => {
                     self.sink
                         .failed(&format!("cannot resolve {}: {cause}", self.sink.target));
+                    self.sink.lock().resolve_failed_at = Some(std::time::Instant::now());
                     return;
                 }
             }
@@ -137,6 +146,8 @@ struct State {
     socket: Option<UdpSocket>,
     /// The last failure reported, so a persistent one is logged only once.
     failing: Option<String>,
+    /// When the last lookup failed, for `RESOLVE_RETRY`.
+    resolve_failed_at: Option<std::time::Instant>,
 }
 
 struct Buffer {
@@ -160,9 +171,16 @@ impl Buffer {
         self.lock().addr.is_some()
     }
 
+    fn may_resolve(&self) -> bool {
+        self.lock()
+            .resolve_failed_at
+            .is_none_or(|t| t.elapsed() >= RESOLVE_RETRY)
+    }
+
     fn set_addr(&self, addr: SocketAddr) {
         let mut s = self.lock();
         s.addr = Some(addr);
+        s.resolve_failed_at = None;
         s.socket = None;
     }
 

@@ -123,6 +123,9 @@ impl<S: LockStore> Sweeper<S> {
                     outcome.swept += n as u64;
                 }
                 self.metrics.lease_expired(backend, n as u64);
+                // A long drain must not hold committed counts until it ends
+                // (a crash would lose them): send them with their batch.
+                self.metrics.flush().await;
                 if n < BATCH_SIZE {
                     break;
                 }
@@ -190,7 +193,10 @@ impl<S: LockStore> Sweeper<S> {
             if cancel.is_cancelled() {
                 return;
             }
-            match jobs.reap_once(&mut self.events, &self.metrics).await {
+            match jobs
+                .reap_once(&mut self.events, &self.metrics, cancel)
+                .await
+            {
                 Ok(_) => self.job_errors.succeeded(),
                 Err(e) => self.job_errors.failed(&e),
             }

@@ -71,6 +71,6 @@ pub enum StoreError {
     Connect { target: String, cause: String },
     #[error("lock database query `{query}` failed: {cause}")]
     Query { query: &'static str, cause: String },
-    #[error("writing the lease_expired lines failed, batch rolled back: {0}")]
+    #[error("writing the signal lines to stdout failed, batch rolled back (nothing lost): {0}")]
     Report(#[source] std::io::Error),
 }

@@ -44,7 +44,7 @@ impl PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let conn = self.db.conn().await?;
         match batch_in_tx(conn, kind, limit, report).await {
             Ok(n) => Ok(n),
@@ -67,7 +67,7 @@ enum Failure {
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Batch,
-    limit: i64,
+    limit: i32,
     report: Report<'_>,
 ) -> Result<usize, Failure> {
     let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;

@@ -1363,7 +1363,11 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
     let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
 
     let outcome = reaper
-        .reap_once(&mut log, &metrics)
+        .reap_once(
+            &mut log,
+            &metrics,
+            &tokio_util::sync::CancellationToken::new(),
+        )
         .await
         .expect("reap succeeds");
     metrics.flush().await;
@@ -1447,7 +1451,14 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
     let metrics = Metrics::new(statsd.target());
     let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
 
-    let outcome = reaper.reap_once(&mut log, &metrics).await.unwrap();
+    let outcome = reaper
+        .reap_once(
+            &mut log,
+            &metrics,
+            &tokio_util::sync::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
     metrics.flush().await;
 
     assert_eq!(

@@ -68,6 +68,10 @@ async fn n_expired_leases_yield_n_lines_with_the_contract_fields_and_a_count_of_
         .wait_counter("lock.lease.expired", "#backend:pg", 25)
         .await;
     assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 25);
+    crate::support::wait_until(std::time::Duration::from_secs(5), "the gauge", || async {
+        statsd.gauge("lock.held.current", "#backend:pg").is_some()
+    })
+    .await;
     assert_eq!(statsd.gauge("lock.held.current", "#backend:pg"), Some(0));
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
@@ -352,7 +356,7 @@ async fn a_hostile_lock_key_yields_exactly_one_line_that_decodes_to_the_same_key
 }
 
 #[tokio::test]
-async fn the_sweep_predicate_can_use_the_expiry_index() {
+async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "k", 2_000, 1_000).await;
@@ -364,9 +368,15 @@ async fn the_sweep_predicate_can_use_the_expiry_index() {
         .execute(&mut conn)
         .await
         .unwrap();
+    // The statement is the body of the definer function; explain that body.
+    let body: String =
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'lock_reap_expired'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
-        lease_sweeper::queries::locks::REAP_EXPIRED.replace("$1", "5000")
+        body.replace("p_limit", "5000")
     )))
     .fetch_all(&mut conn)
     .await
@@ -420,10 +430,10 @@ async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_los
         12
     );
     assert_eq!(log.lines().len(), 12);
+    // Exactly the healthy sweep's twelve: the rolled-back batch counted none.
     metrics.flush().await;
-    assert_eq!(
-        statsd.counter("lock.lease.expired", "#backend:pg"),
-        0,
-        "the failed batch counted nothing"
-    );
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 12)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 12);
 }
