@@ -74,9 +74,10 @@ EXAMPLES:
                  set by systemd for Type=notify and WatchdogSec
 
 EXIT STATUS:
-  0 stopped by a signal after a clean drain; 2 configuration error (a restart cannot fix
-  it); 128+N forced by a second signal N. A database that is down or not migrated is not
-  an exit: the daemon logs it and retries every second.
+  0 stopped by a signal after a clean drain; 1 could not start (signal handlers);
+  2 configuration error (a restart cannot fix it); 128+N forced by a second signal N.
+  A database that is down or not migrated is not an exit: the daemon logs it and retries
+  every second.
 
 SEE ALSO:
   lease-sweeper check, docs/operations.md, docs/metrics-and-logs.md,
