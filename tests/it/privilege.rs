@@ -254,10 +254,7 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     let expected: BTreeSet<(String, String)> = [
         ("_sqlx_migrations", "SELECT"),
         ("job_queue", "SELECT"),
-        ("lock_entry", "DELETE"),
         ("lock_entry", "SELECT"),
-        ("lock_expiry_outbox", "DELETE"),
-        ("lock_expiry_outbox", "SELECT"),
         ("queue_setting", "SELECT"),
     ]
     .iter()
@@ -265,8 +262,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .collect();
     assert_eq!(tables, expected);
 
-    // Column-level writes: only the one informational column per table that
-    // SELECT … FOR UPDATE needs.
+    // No column-level write either (a column UPDATE would let it lock rows
+    // with SELECT … FOR UPDATE).
     let columns: BTreeSet<(String, String, String)> = sqlx::query_as(
         "SELECT c.relname::text, a.attname::text, p
            FROM pg_class c
@@ -281,14 +278,7 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .unwrap()
     .into_iter()
     .collect();
-    let expected: BTreeSet<(String, String, String)> = [
-        ("lock_entry", "acquired_at", "UPDATE"),
-        ("lock_expiry_outbox", "new_token", "UPDATE"),
-    ]
-    .iter()
-    .map(|(t, c, p)| ((*t).to_owned(), (*c).to_owned(), (*p).to_owned()))
-    .collect();
-    assert_eq!(columns, expected);
+    assert_eq!(columns, BTreeSet::new());
 
     let sequences: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -301,7 +291,9 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .unwrap();
     assert_eq!(sequences, 0, "no sequence: it never mints a fencing token");
 
-    // The only function running with its owner's rights that it may call.
+    // The only functions running with their owner's rights that it may call:
+    // the two that delete nothing but expired leases and recorded takeovers,
+    // and the job reaper's apply.
     let definers: Vec<String> = sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
           WHERE n.nspname = current_schema() AND p.prosecdef
@@ -311,7 +303,14 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .fetch_all(&mut admin)
     .await
     .unwrap();
-    assert_eq!(definers, vec!["fn_job_reap_stale_leases_apply"]);
+    assert_eq!(
+        definers,
+        vec![
+            "fn_job_reap_stale_leases_apply",
+            "lock_drain_takeovers",
+            "lock_reap_expired"
+        ]
+    );
 
     let (usage, create, db_create): (bool, bool, bool) = sqlx::query_as(
         "SELECT has_schema_privilege('lease_sweeper', current_schema(), 'USAGE'),
@@ -409,34 +408,51 @@ async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_c
 }
 
 #[tokio::test]
-#[ignore = "bug: DELETE is a table-wide privilege, so the sweeper role can delete (or lock_release) a \
-            live lease; route the sweep through SECURITY DEFINER functions that delete only expired \
-            rows and revoke DELETE/UPDATE (see docs/least-privilege.md)"]
-async fn a_login_role_granted_lease_sweeper_cannot_delete_or_release_a_live_lease() {
+async fn a_login_role_granted_lease_sweeper_cannot_delete_release_or_lock_a_live_lease_only_reap_expired_ones()
+ {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = SweeperLogin::create(&db, &mut admin, "nodelete").await;
-    sqlx::query("SELECT lock_acquire('live', 'holder', 60000)")
-        .execute(&mut admin)
+    let live: i64 = sqlx::query_scalar("SELECT lock_acquire('live', 'holder', 60000)")
+        .fetch_one(&mut admin)
         .await
         .unwrap();
+    insert_expired(&mut admin, "expired-", 3, 1_000).await;
     let mut low = login.connect().await;
-    let mut denied = 0;
-    for sql in [
-        "DELETE FROM lock_entry WHERE lock_key = 'live'",
+
+    assert_denied(&mut low, "DELETE FROM lock_entry WHERE lock_key = 'live'").await;
+    assert_denied(&mut low, "DELETE FROM lock_entry").await;
+    assert_denied(&mut low, "DELETE FROM lock_expiry_outbox").await;
+    assert_denied(
+        &mut low,
         "SELECT lock_release('live', (SELECT token FROM lock_entry WHERE lock_key = 'live'))",
-    ] {
-        let res = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut low)
-            .await;
-        if res.is_err() {
-            denied += 1;
-        }
-    }
-    let left = count(&mut admin, "SELECT count(*) FROM lock_entry").await;
+    )
+    .await;
+    // Row locks on a live lease would stall the lock server's renewals.
+    assert_denied(
+        &mut low,
+        "SELECT 1 FROM lock_entry WHERE lock_key = 'live' FOR UPDATE",
+    )
+    .await;
+    assert_denied(&mut low, "SELECT 1 FROM lock_entry FOR KEY SHARE").await;
+    // What it can do: reap what expired, through the definer function.
+    let reaped: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_reap_expired(100)")
+        .fetch_all(&mut low)
+        .await
+        .unwrap();
+    assert_eq!(reaped.len(), 3, "{reaped:?}");
+    assert!(reaped.iter().all(|k| k.starts_with("expired-")));
+    let left: Vec<(String, i64)> = sqlx::query_as("SELECT lock_key, token FROM lock_entry")
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        vec![("live".to_owned(), live)],
+        "the live lease survives"
+    );
     low.close().await.unwrap();
     login.drop(&mut admin).await;
-    assert_eq!((denied, left), (2, 1), "the live lease survives");
 }
 
 /// Objects an attacker (a LOGIN role granted `lease_sweeper`, say a stolen
@@ -450,6 +466,9 @@ CREATE TABLE evil.queue_setting (key text, value text);
 INSERT INTO evil.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
     ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
 CREATE TABLE evil.job_queue (LIKE public.job_queue);
+CREATE TABLE evil.lock_entry (LIKE public.lock_entry);
+INSERT INTO evil.lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
+    VALUES ('planted', 'evil', 1, now(), now() - interval '1 h');
 CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
     BEGIN INSERT INTO evil.hits VALUES ('now', current_user); RETURN pg_catalog.now() + interval '1 day'; END $$;
 CREATE FUNCTION evil.fn_job_reaper_gate_refusal() RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -463,10 +482,58 @@ CREATE TEMP TABLE queue_setting (key text, value text);
 INSERT INTO pg_temp.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
     ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
 CREATE TEMP TABLE job_queue (LIKE public.job_queue);
+CREATE TEMP TABLE lock_entry (LIKE public.lock_entry);
+CREATE TEMP TABLE lock_expiry_outbox (outbox_id bigint, lock_key text, owner_id text, token bigint,
+    expires_at timestamptz, taken_over_at timestamptz, new_token bigint);
+INSERT INTO pg_temp.lock_expiry_outbox VALUES (1, 'planted', 'evil', 1, now(), now(), 2);
 CREATE FUNCTION pg_temp.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
     BEGIN INSERT INTO evil.hits VALUES ('pg_temp.now', current_user); RETURN pg_catalog.now() + interval '1 day'; END $$;
 SET search_path = evil, pg_temp, public;
 ";
+
+/// A live lease ('live', returned token), an expired one ('expired') and a
+/// recorded takeover (of 'stolen').
+async fn live_lease_and_one_expired_and_one_takeover(admin: &mut PgConnection) -> i64 {
+    insert_expired(admin, "expired", 1, 1_000).await;
+    insert_expired(admin, "stolen", 1, 1_000).await;
+    sqlx::query("SELECT lock_acquire('stolen1', 'thief', 60000)")
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT lock_acquire('live', 'holder', 60000)")
+        .fetch_one(admin)
+        .await
+        .unwrap()
+}
+
+/// Calls the two lock definers as `low` and checks they reaped exactly the
+/// expired lease and the takeover, leaving the live leases.
+async fn assert_reaps_only_what_expired(
+    low: &mut PgConnection,
+    admin: &mut PgConnection,
+    live: i64,
+) {
+    let reaped: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_reap_expired(100)")
+        .fetch_all(&mut *low)
+        .await
+        .unwrap();
+    assert_eq!(reaped, vec!["expired1"]);
+    let drained: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_drain_takeovers(100)")
+        .fetch_all(&mut *low)
+        .await
+        .unwrap();
+    assert_eq!(drained, vec!["stolen1"]);
+    let left: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_entry ORDER BY 1")
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["live", "stolen1"], "live leases untouched");
+    let token: i64 = sqlx::query_scalar("SELECT token FROM lock_entry WHERE lock_key = 'live'")
+        .fetch_one(admin)
+        .await
+        .unwrap();
+    assert_eq!(token, live);
+}
 
 async fn apply_as(conn: &mut PgConnection, limit: i32) -> serde_json::Value {
     let text: String =
@@ -479,7 +546,8 @@ async fn apply_as(conn: &mut PgConnection, limit: i32) -> serde_json::Value {
 }
 
 #[tokio::test]
-async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_the_definer_apply() {
+async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a_definer_function()
+{
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = SweeperLogin::create(&db, &mut admin, "mallory").await;
@@ -492,6 +560,7 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_t
     .unwrap();
     let stale = insert_stale_jobs(&mut admin, "stale", 1, 0, 5).await;
     let live = insert_live_job(&mut admin).await;
+    let live_lease = live_lease_and_one_expired_and_one_takeover(&mut admin).await;
     let mut low = login.connect().await;
     sqlx::raw_sql(PLANT_IN_EVIL_AND_PG_TEMP)
         .execute(&mut low)
@@ -522,6 +591,9 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_t
     );
     assert_eq!(job_state(&mut admin, &stale[0]).await, "retry_waiting");
     assert_eq!(job_state(&mut admin, &live).await, "leased");
+    // The lock sweep's definers: the real expired lease and the real
+    // takeover, and not the live lease a planted now() would have expired.
+    assert_reaps_only_what_expired(&mut low, &mut admin, live_lease).await;
     let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM evil.hits")
         .fetch_all(&mut admin)
         .await
@@ -532,11 +604,12 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_t
 }
 
 /// Databases created before PostgreSQL 15 let every role CREATE in `public`.
-/// There, an overload with exact argument types of a function the definer
-/// calls (`jsonb_build_object(VARIADIC "any")`) would win over pg_catalog's
-/// and run as the function's owner, unless the definer qualifies its calls.
+/// There, an overload with exact argument types of a function a definer calls
+/// (`jsonb_build_object(VARIADIC "any")`) would win over pg_catalog's and run
+/// as the function's owner, unless the definer qualifies its calls; the lock
+/// definers are tried with a planted `now()` and `floor(numeric)` too.
 #[tokio::test]
-async fn a_role_that_may_create_in_public_cannot_hijack_the_definer_apply_with_an_overload() {
+async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_an_overload() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = SweeperLogin::create(&db, &mut admin, "overload").await;
@@ -549,17 +622,24 @@ async fn a_role_that_may_create_in_public_cannot_hijack_the_definer_apply_with_a
     .execute(&mut admin)
     .await
     .unwrap();
+    let live_lease = live_lease_and_one_expired_and_one_takeover(&mut admin).await;
     let mut low = login.connect().await;
     sqlx::raw_sql(
         "CREATE FUNCTION public.jsonb_build_object(text, text, text, boolean, text, integer, text, integer, text, integer)
              RETURNS jsonb LANGUAGE plpgsql AS $$
-             BEGIN INSERT INTO public.hits VALUES ('jsonb_build_object', current_user); RETURN NULL; END $$;",
+             BEGIN INSERT INTO public.hits VALUES ('jsonb_build_object', current_user); RETURN NULL; END $$;
+         CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hits VALUES ('now', current_user); RETURN pg_catalog.now() + interval '1 day'; END $$;
+         CREATE FUNCTION public.floor(numeric) RETURNS numeric LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO public.hits VALUES ('floor', current_user); RETURN 0; END $$;
+         SET search_path = public, pg_catalog;",
     )
     .execute(&mut low)
     .await
     .unwrap();
 
     let out = apply_as(&mut low, 0).await;
+    assert_reaps_only_what_expired(&mut low, &mut admin, live_lease).await;
     let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM hits")
         .fetch_all(&mut admin)
         .await
