@@ -1023,3 +1023,72 @@ async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_ru
         "{committed} leases committed and reported, {counted} counted after 3 s"
     );
 }
+
+#[tokio::test]
+async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_job_id_and_distinct_attempts()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    for (key, value) in [
+        ("queue.job_substrate.enabled", "true"),
+        ("queue.lease.reaper_enabled", "true"),
+        ("queue.lease.reaper_dry_run_only", "false"),
+    ] {
+        sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test')")
+            .bind(key)
+            .bind(value)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let job: String = sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, state, attempts, max_attempts, lease_owner, lease_until)
+         VALUES ('twice', 'leased', 0, 5, 'worker-1', now() - interval '1 s') RETURNING job_id::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    wait_output(&daemon, Duration::from_secs(10), "the first reap", |l| {
+        events(l, "job_lease_expired").len() == 1
+    })
+    .await;
+    // A worker claims it again (its backoff skipped) and dies again.
+    sqlx::query(
+        "UPDATE job_queue SET state = 'leased', lease_owner = 'worker-2',
+                lease_until = now() - interval '1 s', scheduled_at = now()
+          WHERE job_id = $1::uuid",
+    )
+    .bind(&job)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    wait_output(&daemon, Duration::from_secs(10), "the second reap", |l| {
+        events(l, "job_lease_expired").len() == 2
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    let lines = daemon.lines();
+    let reaped: Vec<(String, String, String)> = events(&lines, "job_lease_expired")
+        .iter()
+        .map(|f| {
+            (
+                f["jobId"].clone(),
+                f["attempts"].clone(),
+                f["leaseOwner"].clone(),
+            )
+        })
+        .collect();
+    // Two real expiries of one job: a consumer deduplicating by jobId alone
+    // would drop the second; jobId + attempts tells them apart.
+    assert_eq!(
+        reaped,
+        vec![
+            (job.clone(), "1".to_owned(), "worker-1".to_owned()),
+            (job.clone(), "2".to_owned(), "worker-2".to_owned()),
+        ]
+    );
+}
