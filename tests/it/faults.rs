@@ -1092,3 +1092,76 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
         ]
     );
 }
+
+#[tokio::test]
+async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_first_to_start() {
+    const STOLEN: i64 = 12_000;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "stolen-", STOLEN, 60_000).await;
+    let before = leases(&mut conn).await;
+    // No sweeper runs; a lock server steals every expired lease (the same
+    // row update lock_acquire's ON CONFLICT does, set-based for speed). The
+    // trigger records each steal in the outbox, in the same statement.
+    sqlx::query(
+        "UPDATE lock_entry SET owner_id = 'new-holder', token = nextval('lock_fencing_token_seq'),
+                acquired_at = now(), expires_at = now() + interval '1 hour'
+          WHERE expires_at <= now()",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let outbox = count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await;
+    assert_eq!(outbox, STOLEN, "one outbox row per steal");
+    let bytes = count(
+        &mut conn,
+        "SELECT pg_total_relation_size('lock_expiry_outbox')",
+    )
+    .await;
+    let after_steal = leases(&mut conn).await;
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let started = Instant::now();
+    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    wait_until(Duration::from_secs(30), "the outbox drained", || async {
+        lease_lines(&daemon) >= STOLEN as usize
+    })
+    .await;
+    let drained = started.elapsed();
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+
+    let lines = daemon.lines();
+    let keys = check_reports("the sweeper", &reported(&lines, false), &before);
+    assert_eq!(
+        keys.len(),
+        STOLEN as usize,
+        "each old lease once, with its old token"
+    );
+    assert!(
+        events(&lines, "lease_expired")
+            .iter()
+            .all(|f| f["reapedBy"] == "takeover" && f["ownerId"].starts_with("owner-")),
+        "reported as takeovers of the old holders"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+    assert_eq!(
+        leases(&mut conn).await,
+        after_steal,
+        "the new leases untouched"
+    );
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", STOLEN as u64)
+        .await;
+    eprintln!(
+        "FIGURES outbox_backlog: takeovers={STOLEN} outbox_bytes={bytes} ({} B/row) \
+         drained_by_first_sweeper_in={}ms batches={}",
+        bytes / STOLEN,
+        drained.as_millis(),
+        (STOLEN as usize).div_ceil(BATCH_SIZE)
+    );
+}
