@@ -101,10 +101,10 @@ pub const EXPECTED: &[Object] = &[
 /// A privilege the daemon's role needs, and why.
 ///
 /// A privilege written `UPDATE (column)` is satisfied by UPDATE on any column
-/// of the table: `SELECT … FOR UPDATE SKIP LOCKED` needs UPDATE on at least
-/// one column, not on the whole table. The column named is the one the
-/// `lease_sweeper` role is granted (migrations/20261129000300_sweeper_role.sql)
-/// and the one the `GRANT` hint suggests.
+/// of the table, because that is what `SELECT … FOR UPDATE` run with the
+/// caller's rights needs; the `GRANT` hint then suggests the column named.
+/// (Today the sweep locks rows only inside SECURITY DEFINER functions, so no
+/// entry below needs it.)
 #[derive(Debug, Clone, Copy)]
 pub struct Grant {
     pub on: Object,

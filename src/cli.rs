@@ -51,7 +51,7 @@ OUTPUT:
   trouble: logged when it starts or changes, then once a minute), statsd_unavailable,
   job_reaper_gated, shutdown_requested, sweeper_stopped (docs/metrics-and-logs.md).
 
-METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed after every sweep):
+METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per sweep):
   lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
   queue.lease.reaped:N|c|#backend:pg,action:A   queue.lease.stale.current:N|g|#backend:pg
 
@@ -120,16 +120,16 @@ DESCRIPTION:
                  (newer ones are fine while an upgrade rolls out)
     table, index, function
                  every object the daemon uses is visible to this role; indexes are valid
-    grant        this role may do what `run` does: SELECT, DELETE and UPDATE on a column
-                 of lock_entry and lock_expiry_outbox (FOR UPDATE needs it), SELECT on
-                 queue_setting and job_queue, EXECUTE on the job reaper's functions
+    grant        this role may do what `run` does: EXECUTE on the sweep's definer functions
+                 (lock_reap_expired, lock_drain_takeovers) and the job reaper's, SELECT
+                 on lock_entry, queue_setting and job_queue; no DELETE is needed
     statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
   Every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
   ok    migrations: all 3 applied (latest 20261129000300)
   FAIL  grant SELECT on table job_queue: this role lacks SELECT, ...; GRANT SELECT ON TABLE job_queue TO <this role>
-  check FAILED: 1 of 27 checks failed (see the FAIL lines above)
+  check FAILED: 1 of 30 checks failed (see the FAIL lines above)
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
