@@ -14,6 +14,9 @@
 #   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
 #           bound carried from batch to batch (here through a session
 #           setting; in the daemon it would be a bind parameter)
+#   keyset_nolock  keyset without FOR UPDATE SKIP LOCKED: what the row
+#           locks that let replicas split the work cost (analysis only:
+#           the product must keep them)
 set -euo pipefail
 db=$1 shape=$2 batch=$3 mode=${4:-time}
 PSQL=${PSQL:-psql}
@@ -31,6 +34,13 @@ key) stmt="DELETE FROM lock_entry AS e WHERE e.lock_key IN (SELECT lock_key FROM
 keyset) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
         AND expires_at >= 'epoch'::timestamptz + current_setting('bench.after')::bigint * interval '1 millisecond'
         ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED),
+    del AS (DELETE FROM lock_entry AS e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+       AND e.expires_at <= now() $returning),
+    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark" ;;
+keyset_nolock) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
+        AND expires_at >= 'epoch'::timestamptz + current_setting('bench.after')::bigint * interval '1 millisecond'
+        ORDER BY expires_at LIMIT \$1),
     del AS (DELETE FROM lock_entry AS e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
        AND e.expires_at <= now() $returning),
     mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)

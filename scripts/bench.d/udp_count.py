@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """StatsD listener for the benchmark: counts what the daemon pushes.
 
-usage: udp_count.py PORTFILE RESULTFILE [TARGET]
+usage: udp_count.py PORTFILE RESULTFILE [TARGET [METRIC]]
 
 Binds 127.0.0.1 on a free port (written to PORTFILE), sums every counter
 line by name (`name:N|c|#tags`), keeps the last value of each gauge, and
-notes the wall time (time.time()) at which `lock.lease.expired` first
-reached TARGET. Writes RESULTFILE (JSON) when that happens, on SIGUSR1,
+notes the wall time (time.time()) at which METRIC (default
+`lock.lease.expired`, all tags summed) first reached TARGET. Writes RESULTFILE (JSON) when that happens, on SIGUSR1,
 and on SIGTERM/SIGINT, after which it exits. One datagram per sweep is
 what the daemon sends while idle, so `datagrams` also counts sweeps.
 """
@@ -18,6 +18,7 @@ import time
 
 portfile, resultfile = sys.argv[1], sys.argv[2]
 target = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+metric = sys.argv[4] if len(sys.argv) > 4 else "lock.lease.expired"
 
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -71,7 +72,7 @@ while True:
         except (ValueError, IndexError):
             state["malformed"] += 1
     if target and state["reached_at"] is None:
-        total = sum(v for k, v in counters.items() if k.split("|")[0] == "lock.lease.expired")
+        total = sum(v for k, v in counters.items() if k.split("|")[0] == metric)
         if total >= target:
             state["reached_at"] = now
             dump()
