@@ -81,10 +81,18 @@ pub async fn migrate() -> anyhow::Result<()> {
 }
 
 /// This host's name, for the job reaper's actor (`lease-sweeper@<host>`).
+///
+/// gethostname(2) rather than /proc: systemd's `ProcSubset=pid` hides
+/// /proc/sys, and a container may not mount it at all.
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    (rc == 0)
+        .then(|| {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            String::from_utf8_lossy(&buf[..end]).trim().to_owned()
+        })
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".to_owned())

@@ -109,6 +109,9 @@ pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::Migra
 /// A one-line description of a database error with its underlying cause
 /// (sqlx's Display alone often says only "error communicating with database").
 pub fn describe(err: &sqlx::Error) -> String {
+    if let sqlx::Error::Database(db) = err {
+        return describe_server_error(db.as_ref());
+    }
     let mut msg = err.to_string();
     let mut source = std::error::Error::source(err);
     while let Some(cause) = source {
@@ -119,13 +122,26 @@ pub fn describe(err: &sqlx::Error) -> String {
         }
         source = cause.source();
     }
-    if let sqlx::Error::Database(db) = err {
-        if let Some(code) = db.code() {
-            msg.push_str(&format!(" (SQLSTATE {code})"));
-            // undefined_table / undefined_function: the schema is not there.
-            if code == "42P01" || code == "42883" {
-                msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
-            }
+    msg
+}
+
+/// The server's own words: message, detail, hint and SQLSTATE (not sqlx's
+/// Display, which appends PostgreSQL's internal source position).
+fn describe_server_error(db: &dyn sqlx::error::DatabaseError) -> String {
+    let mut msg = db.message().to_owned();
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        if let Some(detail) = pg.detail() {
+            msg.push_str(&format!(" ({detail})"));
+        }
+        if let Some(hint) = pg.hint() {
+            msg.push_str(&format!("; hint: {hint}"));
+        }
+    }
+    if let Some(code) = db.code() {
+        msg.push_str(&format!(" (SQLSTATE {code})"));
+        // undefined_table / undefined_function: the schema is not there.
+        if code == "42P01" || code == "42883" {
+            msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
         }
     }
     msg
