@@ -49,9 +49,10 @@ BEGIN
             -- Another database's migration created it between our check and now.
             WHEN duplicate_object OR unique_violation THEN NULL;
             WHEN insufficient_privilege THEN
-                RAISE EXCEPTION 'creating role lease_sweeper needs CREATEROLE, which % lacks', current_user
-                    USING ERRCODE = '42501',
-                          HINT = 'have an administrator run CREATE ROLE lease_sweeper NOLOGIN; once per cluster, then run lease-sweeper migrate again';
+                -- The remedy is in the message itself: `migrate` shows the
+                -- message but not a HINT.
+                RAISE EXCEPTION 'creating role lease_sweeper needs CREATEROLE, which % lacks; have an administrator run CREATE ROLE lease_sweeper NOLOGIN once per cluster, then run lease-sweeper migrate again', current_user
+                    USING ERRCODE = '42501';
         END;
     END IF;
     EXECUTE format('GRANT USAGE ON SCHEMA %I TO lease_sweeper', current_schema());

@@ -652,3 +652,69 @@ async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_
     );
     assert_eq!(out["reason"], "limit_out_of_range", "{out}");
 }
+
+/// Migrates `database` of `pg` as `user` with the real binary.
+async fn migrate_as(
+    pg: &lease_sweeper::throwaway::ThrowawayPg,
+    user: &str,
+    database: &str,
+) -> (Option<i32>, String) {
+    let mut url = url::Url::parse(&pg.url(database)).unwrap();
+    url.set_username(user).unwrap();
+    let mut d = Daemon::spawn_args(&["migrate"], &[("LOCKDB_URL", url.as_str())]);
+    let (code, _) = d.wait_exit(Duration::from_secs(60)).await;
+    (code, d.lines().join("\n"))
+}
+
+#[tokio::test]
+async fn the_role_migration_names_createrole_when_missing_and_survives_many_databases_migrating_at_once()
+ {
+    // A cluster of its own, so `lease_sweeper` does not exist yet.
+    let pg = tokio::task::spawn_blocking(lease_sweeper::throwaway::ThrowawayPg::start)
+        .await
+        .unwrap()
+        .expect("a throwaway PostgreSQL");
+    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
+    for sql in [
+        "CREATE ROLE locks_owner LOGIN CREATEDB",
+        "CREATE DATABASE owned OWNER locks_owner",
+    ] {
+        sqlx::raw_sql(sql).execute(&mut admin).await.unwrap();
+    }
+
+    let (code, out) = migrate_as(&pg, "locks_owner", "owned").await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "creating role lease_sweeper needs CREATEROLE, which locks_owner lacks; have an \
+             administrator run CREATE ROLE lease_sweeper NOLOGIN once per cluster, then run \
+             lease-sweeper migrate again"
+        ),
+        "says what to do: {out}"
+    );
+
+    // Eight databases migrated at the same moment, the role still missing:
+    // each migration may try to create it; all must succeed, one role results.
+    let names: Vec<String> = (0..8).map(|i| format!("parallel_{i}")).collect();
+    for name in &names {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let runs = names.iter().map(|name| migrate_as(&pg, "postgres", name));
+    for (code, out) in futures_util::future::join_all(runs).await {
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let roles = count(
+        &mut admin,
+        "SELECT count(*) FROM pg_roles WHERE rolname = 'lease_sweeper'",
+    )
+    .await;
+    assert_eq!(roles, 1);
+    // Now that it exists, the owner without CREATEROLE migrates fine.
+    let (code, out) = migrate_as(&pg, "locks_owner", "owned").await;
+    assert_eq!(code, Some(0), "{out}");
+    drop(admin);
+    drop(pg);
+}
