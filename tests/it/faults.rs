@@ -530,7 +530,9 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
         reported_with_prefix(&daemon.lines(), "before-").len() == 5
     })
     .await;
-    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 1_000).await;
+    // Live for 2 s: still live when the server goes down (even on a loaded
+    // machine), expired long before it comes back.
+    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 2_000).await;
     drop(conn);
     pg = blocking(move || {
         pg.stop(StopMode::Immediate);
