@@ -238,7 +238,7 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
 /// superuser on the socket and makes every other role authenticate with
 /// SCRAM: the shared test cluster trusts everyone, so a wrong password would
 /// never be refused there.
-async fn cluster_requiring_passwords() -> (ThrowawayPg, std::path::PathBuf) {
+async fn cluster_requiring_passwords() -> (ThrowawayPg, RemoveOnDrop) {
     let dir = std::env::temp_dir().join(format!(
         "ls-hba-{}-{}",
         std::process::id(),
@@ -264,7 +264,16 @@ async fn cluster_requiring_passwords() -> (ThrowawayPg, std::path::PathBuf) {
     .await
     .unwrap()
     .expect("starting a PostgreSQL that requires passwords");
-    (pg, dir)
+    (pg, RemoveOnDrop(dir))
+}
+
+/// The directory holding the test's pg_hba.conf, removed even if the test fails.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Every piece of the two passwords used below; none may appear anywhere.
@@ -281,7 +290,7 @@ fn assert_no_secret(what: &str, output: &str) {
 
 #[tokio::test]
 async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_login() {
-    let (pg, hba_dir) = cluster_requiring_passwords().await;
+    let (pg, _hba_dir) = cluster_requiring_passwords().await;
     let admin_url = pg.url("postgres");
     let mut admin = PgConnection::connect(&admin_url).await.unwrap();
     lease_sweeper::db::migrate(&mut admin).await.unwrap();
@@ -421,7 +430,6 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
     );
     drop(admin);
     drop(pg);
-    let _ = std::fs::remove_dir_all(hba_dir);
 }
 
 /// The SQLSTATE and message of a statement that must fail.
