@@ -9,11 +9,16 @@
 # of timing (those batches delete their rows as usual).
 #
 # Shapes:
-#   ctid    the product's REAP_EXPIRED (ctid = ANY(ARRAY(...)))
+#   function  the product as installed: SELECT * FROM lock_reap_expired($1)
+#           (a SECURITY DEFINER SQL function around the ctid statement)
+#   function_resume  the proposed resumable form (reap_resume.sql, installed
+#           here as bench_reap_resume), the bound carried between batches
+#   ctid    the function's statement run inline (ctid = ANY(ARRAY(...)))
 #   key     lock_key IN (subquery)  (the shape SPEC §6 measured at 37-46 s)
 #   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
 #           bound carried from batch to batch (here through a session
-#           setting; in the daemon it would be a bind parameter)
+#           setting, as for function_resume; in the daemon it is a bind
+#           parameter)
 #   keyset_nolock  keyset without FOR UPDATE SKIP LOCKED: what the row
 #           locks that let replicas split the work cost (analysis only:
 #           the product must keep them)
@@ -24,6 +29,12 @@ returning="RETURNING e.lock_key, e.owner_id, e.token,
           floor(extract(epoch FROM e.expires_at) * 1000)::bigint AS expired_at_millis,
           floor(extract(epoch FROM now() - e.expires_at) * 1000)::bigint AS overdue_millis"
 case $shape in
+function) stmt="SELECT * FROM lock_reap_expired(\$1)" ;;
+function_resume)
+    $PSQL -X -q -d "$db" -f "$(dirname "$0")/reap_resume.sql"
+    stmt="WITH del AS (SELECT * FROM bench_reap_resume(\$1, current_setting('bench.after')::bigint)),
+    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark" ;;
 ctid) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
         ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED)
     DELETE FROM lock_entry AS e WHERE e.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
@@ -53,7 +64,7 @@ script=$(mktemp)
 trap 'rm -f "$script"' EXIT
 {
     echo "SET bench.after = '0';"
-    echo "PREPARE reap(bigint) AS $stmt;"
+    echo "PREPARE reap(integer) AS $stmt;"
     for ((i = 1; i <= batches; i++)); do
         if [[ $mode == explain ]] && (( i == 1 || i == (batches + 1) / 2 || i == batches )); then
             echo "BEGIN; \\echo === batch $i of $batches
@@ -64,10 +75,10 @@ EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE reap($batch); COMMIT;"
     done
 } >"$script"
 if [[ $mode == explain ]]; then
-    $PSQL -X -q -At -d "$db" -f "$script" | grep -v '^orders/' 
+    $PSQL -X -q -At -v ON_ERROR_STOP=1 -d "$db" -f "$script" | grep -v '^orders/' 
 else
     start=$(date +%s.%N)
-    $PSQL -X -q -At -d "$db" -f "$script" >/dev/null
+    $PSQL -X -q -At -v ON_ERROR_STOP=1 -d "$db" -f "$script" >/dev/null
     end=$(date +%s.%N)
     left=$($PSQL -X -At -d "$db" -c "SELECT count(*) FROM lock_entry WHERE expires_at <= now()")
     [[ $left == 0 ]] || { echo "drain left $left rows" >&2; exit 1; }
