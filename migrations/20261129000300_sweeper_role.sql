@@ -15,8 +15,10 @@
 --                                             and recorded takeovers
 --   queue_setting       SELECT                the gates (fn_job_reaper_gate_refusal is
 --                                             SECURITY INVOKER) and `lease-sweeper gates`
---   job_queue           SELECT                the dry run behind queue.lease.stale.current
---                                             (SECURITY INVOKER)
+--   job_queue           SELECT (job_id, job_kind, state, attempts, max_attempts,
+--                               lease_owner, lease_until)
+--                                             the dry run behind queue.lease.stale.current
+--                                             (SECURITY INVOKER); not payloads
 --   fn_job_reaper_gate_refusal(), fn_job_reaper_limit_refusal(integer),
 --   fn_job_reap_stale_leases_dry_run(integer),
 --   fn_job_reap_stale_leases_apply(text, integer)
@@ -63,7 +65,9 @@ GRANT SELECT ON lock_entry TO lease_sweeper;
 GRANT EXECUTE ON FUNCTION lock_reap_expired(integer), lock_drain_takeovers(integer) TO lease_sweeper;
 
 GRANT SELECT ON queue_setting TO lease_sweeper;
-GRANT SELECT ON job_queue TO lease_sweeper;
+-- Column-level: the dry run's columns, never payload, metadata or last_error.
+GRANT SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until)
+    ON job_queue TO lease_sweeper;
 GRANT EXECUTE ON FUNCTION
     fn_job_reaper_gate_refusal(),
     fn_job_reaper_limit_refusal(integer),

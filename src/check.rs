@@ -100,11 +100,9 @@ pub const EXPECTED: &[Object] = &[
 
 /// A privilege the daemon's role needs, and why.
 ///
-/// A privilege written `UPDATE (column)` is satisfied by UPDATE on any column
-/// of the table, because that is what `SELECT … FOR UPDATE` run with the
-/// caller's rights needs; the `GRANT` hint then suggests the column named.
-/// (Today the sweep locks rows only inside SECURITY DEFINER functions, so no
-/// entry below needs it.)
+/// A privilege written `SELECT (a, b)` needs that privilege on each listed
+/// column, not on the whole table: the daemon's role may read the job
+/// columns the dry run uses, but not job payloads.
 #[derive(Debug, Clone, Copy)]
 pub struct Grant {
     pub on: Object,
@@ -140,7 +138,9 @@ pub const GRANTS: &[Grant] = &[
     // the caller's rights. The apply is SECURITY DEFINER: EXECUTE suffices.
     Grant {
         on: Object::Table("job_queue"),
-        privileges: &["SELECT"],
+        privileges: &[
+            "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until)",
+        ],
         why: "the dry run behind queue.lease.stale.current reads it",
     },
     Grant {
@@ -546,7 +546,10 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
                 "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE
                         coalesce(array_agg(p) FILTER (WHERE NOT
                             CASE WHEN p LIKE '% (%'
-                                 THEN has_any_column_privilege(to_regclass($1), split_part(p, ' ', 1))
+                                 THEN (SELECT bool_and(has_column_privilege(
+                                              to_regclass($1), btrim(c), split_part(p, ' ', 1)))
+                                         FROM unnest(string_to_array(
+                                              rtrim(split_part(p, '(', 2), ')'), ',')) AS c)
                                  ELSE has_table_privilege(to_regclass($1), p) END), '{}')
                         END
                    FROM unnest($2::text[]) AS p",

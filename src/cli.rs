@@ -307,7 +307,14 @@ pub enum JobsCommand {
 #[derive(Debug, Args)]
 pub struct LimitArg {
     /// Most jobs to consider (1-10000).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    // allow_negative_numbers: `--limit -1` should get the range message, not
+    // be read as an unknown flag.
+    #[arg(
+        long,
+        default_value_t = 100,
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(i32).range(1..=10_000)
+    )]
     pub limit: i32,
 }
 

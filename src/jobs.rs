@@ -306,9 +306,10 @@ async fn apply_in_tx(
     Ok(Batch::Applied(report))
 }
 
-/// The fields of one `job_lease_expired` line, in a fixed order. `jobId` is
-/// the dedupe key: after a crash between writing and committing, the same
-/// job can be reported again by the next pass.
+/// The fields of one `job_lease_expired` line, in a fixed order. `jobId` +
+/// `attempts` is the dedupe key: after a crash between writing and
+/// committing, the same pair can be reported again by the next pass, while
+/// one job expiring on two attempts is two events.
 fn line_fields(a: &JobAction) -> Vec<(&'static str, String)> {
     let mut pairs = vec![
         ("jobId", a.job_id.clone()),

@@ -547,10 +547,10 @@ async fn absurd_job_limits_are_refused_at_the_command_line_with_exit_2_naming_th
             &["jobs", "dry-run", "--limit", "1e3"],
             "invalid value '1e3' for '--limit <LIMIT>'",
         ),
-        // clap reads a bare negative number as a flag; still exit 2.
+        // A bare negative number is a value here, not a flag.
         (
             &["jobs", "dry-run", "--limit", "-1"],
-            "unexpected argument '-1'",
+            "-1 is not in 1..=10000",
         ),
     ] {
         let mut d = Daemon::spawn_args(args, &[("LOCKDB_URL", "postgres://u:hunter2@h/db")]);

@@ -253,7 +253,6 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .collect();
     let expected: BTreeSet<(String, String)> = [
         ("_sqlx_migrations", "SELECT"),
-        ("job_queue", "SELECT"),
         ("lock_entry", "SELECT"),
         ("queue_setting", "SELECT"),
     ]
@@ -261,6 +260,31 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .map(|(t, p)| ((*t).to_owned(), (*p).to_owned()))
     .collect();
     assert_eq!(tables, expected);
+
+    // job_queue: only the dry run's columns are readable, never a payload.
+    let readable: BTreeSet<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_attribute a
+          WHERE a.attrelid = 'job_queue'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+            AND has_column_privilege('lease_sweeper', a.attrelid, a.attnum, 'SELECT')",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let dry_run_columns: BTreeSet<String> = [
+        "job_id",
+        "job_kind",
+        "state",
+        "attempts",
+        "max_attempts",
+        "lease_owner",
+        "lease_until",
+    ]
+    .iter()
+    .map(|c| (*c).to_owned())
+    .collect();
+    assert_eq!(readable, dry_run_columns);
 
     // No column-level write either (a column UPDATE would let it lock rows
     // with SELECT … FOR UPDATE).
@@ -465,7 +489,9 @@ GRANT INSERT ON evil.hits TO PUBLIC;
 CREATE TABLE evil.queue_setting (key text, value text);
 INSERT INTO evil.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
     ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
-CREATE TABLE evil.job_queue (LIKE public.job_queue);
+CREATE TABLE evil.job_queue (job_id uuid, job_kind text, payload jsonb, state text, attempts integer, max_attempts integer,
+    scheduled_at timestamptz, lease_owner text, lease_until timestamptz, last_error text, metadata jsonb,
+    created_at timestamptz, updated_at timestamptz);
 CREATE TABLE evil.lock_entry (LIKE public.lock_entry);
 INSERT INTO evil.lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
     VALUES ('planted', 'evil', 1, now(), now() - interval '1 h');
@@ -481,7 +507,9 @@ CREATE FUNCTION evil.jsonb_build_object(text, text, text, boolean, text, integer
 CREATE TEMP TABLE queue_setting (key text, value text);
 INSERT INTO pg_temp.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
     ('queue.lease.reaper_enabled', 'true'), ('queue.lease.reaper_dry_run_only', 'false');
-CREATE TEMP TABLE job_queue (LIKE public.job_queue);
+CREATE TEMP TABLE job_queue (job_id uuid, job_kind text, payload jsonb, state text, attempts integer, max_attempts integer,
+    scheduled_at timestamptz, lease_owner text, lease_until timestamptz, last_error text, metadata jsonb,
+    created_at timestamptz, updated_at timestamptz);
 CREATE TEMP TABLE lock_entry (LIKE public.lock_entry);
 CREATE TEMP TABLE lock_expiry_outbox (outbox_id bigint, lock_key text, owner_id text, token bigint,
     expires_at timestamptz, taken_over_at timestamptz, new_token bigint);
