@@ -40,17 +40,25 @@ def dump():
     os.replace(resultfile + ".tmp", resultfile)
 
 
+stopping = []
+
+
 def stop(*_):
-    dump()
-    sys.exit(0)
+    # Only set a flag: the loop below notices it within 0.2 s, dumps and
+    # exits (raising from a handler that may interrupt dump() is fragile).
+    stopping.append(True)
 
 
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGUSR1, lambda *_: dump())
+sock.settimeout(0.2)
 
-while True:
-    data = sock.recv(65535)
+while not stopping:
+    try:
+        data = sock.recv(65535)
+    except (socket.timeout, InterruptedError):
+        continue
     now = time.time()
     state["datagrams"] += 1
     state["first"] = state["first"] or now
@@ -76,3 +84,4 @@ while True:
         if total >= target:
             state["reached_at"] = now
             dump()
+dump()
