@@ -16,7 +16,9 @@ async fn main() {
             PostgresStorage::setup(&pool).await.expect("apalis setup");
         }
         Some("rescue") => {
-            let mut conn = sqlx::PgConnection::connect(&args[2]).await.expect("connect");
+            let mut conn = sqlx::PgConnection::connect(&args[2])
+                .await
+                .expect("connect");
             let dead_for: u64 = args[4].parse().expect("seconds");
             let t = Instant::now();
             let n = apalis_postgres::queries::reenqueue_orphaned(&mut conn, &args[3], dead_for)
