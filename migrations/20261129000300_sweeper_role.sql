@@ -9,7 +9,7 @@
 --
 -- What it may do, and why (one line per need):
 --   lock_entry          SELECT                count held leases (lock.held.current)
---   lock_reap_expired(integer), lock_drain_takeovers(integer)
+--   lock_reap_expired(integer, bigint), lock_drain_takeovers(integer)
 --                       EXECUTE               the sweep's only way to delete: SECURITY DEFINER
 --                                             functions that delete nothing but expired leases
 --                                             and recorded takeovers
@@ -62,7 +62,7 @@ END
 $$;
 
 GRANT SELECT ON lock_entry TO lease_sweeper;
-GRANT EXECUTE ON FUNCTION lock_reap_expired(integer), lock_drain_takeovers(integer) TO lease_sweeper;
+GRANT EXECUTE ON FUNCTION lock_reap_expired(integer, bigint), lock_drain_takeovers(integer) TO lease_sweeper;
 
 GRANT SELECT ON queue_setting TO lease_sweeper;
 -- Column-level: the dry run's columns, never payload, metadata or last_error.

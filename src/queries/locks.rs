@@ -11,9 +11,15 @@ use crate::store::{ExpiredLease, ReapedBy};
 /// never delete a live lease); its comment there explains the shape: the
 /// database clock decides, `FOR UPDATE SKIP LOCKED` splits work between
 /// replicas, and rows are deleted by tuple id.
+///
+/// `$2` resumes the index scan at the deadline (epoch milliseconds) of the
+/// newest lease the previous batch of the same sweep reaped, instead of
+/// stepping again over the dead index entries the earlier batches left
+/// (quadratic in the backlog, see docs/performance.md); 0 starts from the
+/// oldest, as the first batch of every sweep does.
 pub const REAP_EXPIRED: &str = "
 SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
-  FROM lock_reap_expired($1)";
+  FROM lock_reap_expired($1, $2)";
 
 /// Drains up to `$1` recorded takeovers, oldest first; overdue is measured at
 /// the moment of the steal (`lock_drain_takeovers` in `migrations/`).
@@ -41,9 +47,11 @@ fn lease(row: LeaseRow, reaped_by: ReapedBy) -> ExpiredLease {
 pub async fn reap_expired(
     conn: &mut PgConnection,
     limit: i32,
+    after_millis: i64,
 ) -> Result<Vec<ExpiredLease>, sqlx::Error> {
     let rows: Vec<LeaseRow> = sqlx::query_as(REAP_EXPIRED)
         .bind(limit)
+        .bind(after_millis)
         .fetch_all(conn)
         .await?;
     Ok(rows

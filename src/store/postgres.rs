@@ -17,6 +17,10 @@ type Report<'a> = &'a mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + S
 
 pub struct PgLockStore {
     db: Db,
+    /// Where the next expired-lease batch resumes (epoch milliseconds): the
+    /// newest deadline of the previous batch while a sweep is draining full
+    /// batches, 0 (from the oldest) at the start of each sweep.
+    resume_after_millis: i64,
 }
 
 /// Which of the two deleting statements a batch runs.
@@ -30,6 +34,7 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target),
+            resume_after_millis: 0,
         }
     }
 
@@ -46,8 +51,16 @@ impl PgLockStore {
     ) -> Result<usize, StoreError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let conn = self.db.conn().await?;
-        match batch_in_tx(conn, kind, limit, report).await {
-            Ok(n) => Ok(n),
+        let after = self.resume_after_millis;
+        // Until this batch comes back full, the next one starts from the oldest.
+        self.resume_after_millis = 0;
+        match batch_in_tx(conn, kind, limit, after, report).await {
+            Ok((n, newest)) => {
+                if matches!(kind, Batch::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
+                    self.resume_after_millis = newest.unwrap_or(0);
+                }
+                Ok(n)
+            }
             Err(Failure::Query(name, e)) => Err(self.db.query_failed(name, e)),
             Err(Failure::Report(e)) => {
                 self.db.reset();
@@ -68,11 +81,12 @@ async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Batch,
     limit: i32,
+    after_millis: i64,
     report: Report<'_>,
-) -> Result<usize, Failure> {
+) -> Result<(usize, Option<i64>), Failure> {
     let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;
     let leases = match kind {
-        Batch::Expired => locks::reap_expired(&mut tx, limit)
+        Batch::Expired => locks::reap_expired(&mut tx, limit, after_millis)
             .await
             .map_err(|e| Failure::Query("reap_expired", e))?,
         Batch::Takeovers => locks::drain_takeovers(&mut tx, limit)
@@ -83,7 +97,8 @@ async fn batch_in_tx(
         report(&leases).map_err(Failure::Report)?;
     }
     tx.commit().await.map_err(|e| Failure::Query("COMMIT", e))?;
-    Ok(leases.len())
+    let newest = leases.iter().map(|l| l.expired_at_millis).max();
+    Ok((leases.len(), newest))
 }
 
 impl LockStore for PgLockStore {

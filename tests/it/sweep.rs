@@ -377,6 +377,7 @@ async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
         body.replace("p_limit", "5000")
+            .replace("p_after_millis", "0")
     )))
     .fetch_all(&mut conn)
     .await
@@ -436,4 +437,40 @@ async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_los
         .wait_counter("lock.lease.expired", "#backend:pg", 12)
         .await;
     assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 12);
+}
+
+#[tokio::test]
+async fn a_locked_lease_behind_a_resumed_batch_is_reaped_by_the_next_sweep_not_lost() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    // The oldest lease is held locked by another session while a sweep
+    // drains a backlog of two full batches plus some: later batches resume
+    // past its deadline, so only the next sweep (which starts from the
+    // oldest again) can reap it.
+    insert_expired(&mut conn, "old-", 1, 60_000).await;
+    insert_expired(&mut conn, "bulk-", BATCH_SIZE as i64 * 2 + 10, 1_000).await;
+    let mut holder = db.connect().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = 'old-1' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    let first = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    assert_eq!(
+        first.swept,
+        BATCH_SIZE as u64 * 2 + 10,
+        "everything but the locked lease"
+    );
+    tx.rollback().await.unwrap();
+    let second = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(second.swept, 1);
+    let lines = log.lines();
+    assert_eq!(lines.len(), BATCH_SIZE * 2 + 11);
+    assert_eq!(fields(lines.last().unwrap())["lockKey"], "old-1");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
