@@ -424,8 +424,12 @@ $$;
 -- lock the stale rows (FOR UPDATE SKIP LOCKED, so concurrent reapers split
 -- the work and a job a worker is completing is skipped, not waited on),
 -- re-check the stale predicate on the locked row versions, reset the
--- retryable ones, dead-letter the last-attempt ones, and aggregate the report
--- once. (A row loop appending to a jsonb array is quadratic: SPEC §6.)
+-- retryable ones and dead-letter the last-attempt ones in ONE update found by
+-- primary key (job_id = ANY(ARRAY(...))), and aggregate the report once.
+-- (A row loop appending to a jsonb array is quadratic: SPEC §6. Two UPDATEs
+-- joined to `stale` were planned as hash joins over a sequential scan of the
+-- whole job_queue each, which grows with every finished job kept:
+-- docs/performance.md, 33 -> 28 µs per job at 100,000.)
 --
 -- Refusals, in this order: actor_required; limit_out_of_range; the gates
 -- (fn_job_reaper_gate_refusal). Reset: attempts+1, last_error
@@ -464,79 +468,66 @@ BEGIN
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
     ),
-    reset AS (
+    moved AS (
+        -- The rows are locked by `stale`, so attempts + 1 here is its bumped.
         UPDATE job_queue AS j
-           SET state = 'retry_waiting',
-               attempts = s.bumped,
-               last_error = 'lease_expired_reaped',
-               scheduled_at = now() + (v_base * (1::bigint << least(s.bumped - 1, 10)))::float8 * interval '1 second',
+           SET state = CASE WHEN j.attempts + 1 >= j.max_attempts
+                            THEN 'dead_letter' ELSE 'retry_waiting' END,
+               attempts = j.attempts + 1,
+               last_error = CASE WHEN j.attempts + 1 >= j.max_attempts
+                                 THEN 'lease_expired_reaped_at_max_attempts'
+                                 ELSE 'lease_expired_reaped' END,
+               scheduled_at = CASE WHEN j.attempts + 1 >= j.max_attempts
+                                   THEN j.scheduled_at
+                                   ELSE now() + (v_base * (1::bigint << least(j.attempts, 10)))::float8
+                                                * interval '1 second' END,
                lease_owner = NULL,
                lease_until = NULL,
                updated_at = now()
-          FROM stale AS s
-         WHERE j.job_id = s.job_id
-           AND s.bumped < s.max_attempts
+         WHERE j.job_id = ANY (ARRAY(SELECT job_id FROM stale))
            AND j.state = 'leased'
            AND j.lease_until < now()
-        RETURNING j.job_id, j.job_kind, j.attempts, j.max_attempts, j.scheduled_at,
-                  s.lease_owner, s.lease_until,
-                  v_base * (1::bigint << least(s.bumped - 1, 10)) AS backoff_sec
-    ),
-    doomed AS (
-        UPDATE job_queue AS j
-           SET state = 'dead_letter',
-               attempts = s.bumped,
-               last_error = 'lease_expired_reaped_at_max_attempts',
-               lease_owner = NULL,
-               lease_until = NULL,
-               updated_at = now()
-          FROM stale AS s
-         WHERE j.job_id = s.job_id
-           AND s.bumped >= s.max_attempts
-           AND j.state = 'leased'
-           AND j.lease_until < now()
-        RETURNING j.job_id, j.job_kind, j.payload, j.attempts, j.max_attempts,
-                  s.lease_owner, s.lease_until
+        RETURNING j.job_id, j.job_kind, j.payload, j.attempts, j.max_attempts, j.scheduled_at,
+                  j.state = 'dead_letter' AS dead
     ),
     dead AS (
         INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by)
         SELECT job_id, job_kind, payload, attempts, 'lease_expired_reaped_at_max_attempts', p_actor
-          FROM doomed
+          FROM moved
+         WHERE dead
         RETURNING *
     ),
     actions AS (
-        SELECT r.lease_until, r.job_id,
-               pg_catalog.jsonb_build_object(
-                   'action', 'reset_to_retry_waiting',
-                   'job_id', r.job_id,
-                   'attempts', r.attempts,
-                   'backoff_sec', r.backoff_sec,
-                   'scheduled_at', r.scheduled_at,
-                   'job_kind', r.job_kind,
-                   'lease_owner', r.lease_owner,
-                   'lease_until', r.lease_until,
-                   'max_attempts', r.max_attempts,
-                   'overdue_millis', floor(extract(epoch FROM now() - r.lease_until) * 1000::numeric)::bigint
-               ) AS action,
-               false AS dead
-          FROM reset AS r
-        UNION ALL
-        SELECT m.lease_until, m.job_id,
-               pg_catalog.jsonb_build_object(
-                   'action', 'moved_to_dead_letter',
-                   'job_id', m.job_id,
-                   'attempts', m.attempts,
-                   'dead_letter', fn_job_dead_letter_object(d.dead_letter_id, d.job_id, d.attempts,
-                                                            d.final_error, d.moved_by, d.moved_at),
-                   'job_kind', m.job_kind,
-                   'lease_owner', m.lease_owner,
-                   'lease_until', m.lease_until,
-                   'max_attempts', m.max_attempts,
-                   'overdue_millis', floor(extract(epoch FROM now() - m.lease_until) * 1000::numeric)::bigint
-               ),
-               true
-          FROM doomed AS m
-          JOIN dead AS d USING (job_id)
+        SELECT s.lease_until, m.job_id,
+               CASE WHEN NOT m.dead THEN
+                   pg_catalog.jsonb_build_object(
+                       'action', 'reset_to_retry_waiting',
+                       'job_id', m.job_id,
+                       'attempts', m.attempts,
+                       'backoff_sec', v_base * (1::bigint << least(m.attempts - 1, 10)),
+                       'scheduled_at', m.scheduled_at,
+                       'job_kind', m.job_kind,
+                       'lease_owner', s.lease_owner,
+                       'lease_until', s.lease_until,
+                       'max_attempts', m.max_attempts,
+                       'overdue_millis', floor(extract(epoch FROM now() - s.lease_until) * 1000::numeric)::bigint)
+               ELSE
+                   pg_catalog.jsonb_build_object(
+                       'action', 'moved_to_dead_letter',
+                       'job_id', m.job_id,
+                       'attempts', m.attempts,
+                       'dead_letter', fn_job_dead_letter_object(d.dead_letter_id, d.job_id, d.attempts,
+                                                                d.final_error, d.moved_by, d.moved_at),
+                       'job_kind', m.job_kind,
+                       'lease_owner', s.lease_owner,
+                       'lease_until', s.lease_until,
+                       'max_attempts', m.max_attempts,
+                       'overdue_millis', floor(extract(epoch FROM now() - s.lease_until) * 1000::numeric)::bigint)
+               END AS action,
+               m.dead
+          FROM moved AS m
+          JOIN stale AS s USING (job_id)
+          LEFT JOIN dead AS d USING (job_id)
     )
     SELECT pg_catalog.jsonb_build_object(
                'actor', p_actor,
