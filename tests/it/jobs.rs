@@ -123,6 +123,12 @@ fn keys(v: &Value) -> Vec<&str> {
     k
 }
 
+/// Runs a statement returning one JSON value (as text) and parses it.
+async fn json_of(conn: &mut PgConnection, sql: &'static str) -> Value {
+    let text: String = sqlx::query_scalar(sql).fetch_one(conn).await.unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 fn refusal(reason: &str) -> Value {
     json!({"reason": reason, "refused": true})
 }
@@ -1100,29 +1106,21 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     .execute(&mut low)
     .await
     .unwrap();
-    let call = |sql: &'static str| sqlx::query_scalar::<_, String>(sql);
-
-    let limit: Value = serde_json::from_str(
-        &call("SELECT fn_job_reap_stale_leases_apply('creator', 0)::text")
-            .fetch_one(&mut low)
-            .await
-            .unwrap(),
+    let limit: Value = json_of(
+        &mut low,
+        "SELECT fn_job_reap_stale_leases_apply('creator', 0)::text",
     )
-    .unwrap();
-    let applied: Value = serde_json::from_str(
-        &call("SELECT fn_job_reap_stale_leases_apply('creator', 10)::text")
-            .fetch_one(&mut low)
-            .await
-            .unwrap(),
+    .await;
+    let applied: Value = json_of(
+        &mut low,
+        "SELECT fn_job_reap_stale_leases_apply('creator', 10)::text",
     )
-    .unwrap();
-    let setting: Value = serde_json::from_str(
-        &call("SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'creator')::text")
-            .fetch_one(&mut low)
-            .await
-            .unwrap(),
+    .await;
+    let setting: Value = json_of(
+        &mut low,
+        "SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'creator')::text",
     )
-    .unwrap();
+    .await;
 
     let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM public.hits")
         .fetch_all(&mut owner)
