@@ -2,7 +2,7 @@
 -- JSON document (docs/performance.md, "Job reaper"), installed by the
 -- harness as bench_job_reap_apply_rows to measure what building the JSON
 -- report costs. Same locking, re-check, backoff and dead-lettering as
--- bench_job_reap_apply (apply_rewrite.sql); the columns are the fields of
+-- fn_job_reap_stale_leases_apply (the product's single-UPDATE statement); the columns are the fields of
 -- the report's actions, in the report's order. A daemon would build its
 -- job_lease_expired lines from these columns; the JSON form stays for the
 -- CLI and for SQL callers.

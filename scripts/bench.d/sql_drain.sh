@@ -9,10 +9,12 @@
 # of timing (those batches delete their rows as usual).
 #
 # Shapes:
-#   function  the product as installed: SELECT * FROM lock_reap_expired($1)
-#           (a SECURITY DEFINER SQL function around the ctid statement)
-#   function_resume  the proposed resumable form (reap_resume.sql, installed
-#           here as bench_reap_resume), the bound carried between batches
+#   function  the product's function from the oldest every batch:
+#           SELECT * FROM lock_reap_expired($1) (a SECURITY DEFINER SQL
+#           function around the ctid statement; what the daemon did before
+#           the resumable reap)
+#   function_resume  the product as the daemon calls it now:
+#           lock_reap_expired($1, <newest deadline of the previous batch>)
 #   ctid    the function's statement run inline (ctid = ANY(ARRAY(...)))
 #   key     lock_key IN (subquery)  (the shape SPEC §6 measured at 37-46 s)
 #   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
@@ -31,8 +33,7 @@ returning="RETURNING e.lock_key, e.owner_id, e.token,
 case $shape in
 function) stmt="SELECT * FROM lock_reap_expired(\$1)" ;;
 function_resume)
-    $PSQL -X -q -d "$db" -f "$(dirname "$0")/reap_resume.sql"
-    stmt="WITH del AS (SELECT * FROM bench_reap_resume(\$1, current_setting('bench.after')::bigint)),
+    stmt="WITH del AS (SELECT * FROM lock_reap_expired(\$1, current_setting('bench.after')::bigint)),
     mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
     SELECT del.* FROM del, mark" ;;
 ctid) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
