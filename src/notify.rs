@@ -99,14 +99,14 @@ impl Notifier {
     }
 
     fn send(&self, states: &[NotifyState<'_>]) {
-        if let Err(e) = sd_notify::notify(states) {
-            if !self.state.failed.swap(true, Ordering::SeqCst) {
-                warn!(
-                    socket = std::env::var(NOTIFY_SOCKET).unwrap_or_default(),
-                    error = %e,
-                    "systemd_notify_failed"
-                );
-            }
+        if let Err(e) = sd_notify::notify(states)
+            && !self.state.failed.swap(true, Ordering::SeqCst)
+        {
+            warn!(
+                socket = std::env::var(NOTIFY_SOCKET).unwrap_or_default(),
+                error = %e,
+                "systemd_notify_failed"
+            );
         }
     }
 }

@@ -26,10 +26,10 @@ static ADMIN_URL: OnceLock<String> = OnceLock::new();
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn destroy_cluster() {
-    if let Some(cluster) = CLUSTER.get() {
-        if let Ok(mut pg) = cluster.lock() {
-            pg.destroy();
-        }
+    if let Some(cluster) = CLUSTER.get()
+        && let Ok(mut pg) = cluster.lock()
+    {
+        pg.destroy();
     }
 }
 
