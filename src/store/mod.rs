@@ -67,7 +67,10 @@ pub trait LockStore: Send {
 /// Why a store call failed. The message names the cause and never a secret.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot connect to the lock database at {target}: {cause}")]
+    #[error(
+        "cannot connect to the lock database at {target}: {cause} \
+         (is the server up and LOCKDB_URL right? `lease-sweeper check` tells)"
+    )]
     Connect { target: String, cause: String },
     #[error("lock database query `{query}` failed: {cause}")]
     Query { query: &'static str, cause: String },
