@@ -41,10 +41,6 @@ impl Db {
         Self { target, conn: None }
     }
 
-    pub fn target(&self) -> &DbTarget {
-        &self.target
-    }
-
     /// The open connection, connecting first if there is none.
     pub async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
@@ -59,6 +55,22 @@ impl Db {
         self.conn = None;
     }
 
+    /// Turns a failed batch (see `BatchFailure`) into a `StoreError` and drops
+    /// the connection.
+    pub fn batch_failed(&mut self, failure: BatchFailure) -> StoreError {
+        match failure {
+            BatchFailure::Query(query, err) => self.query_failed(query, err),
+            BatchFailure::Decode(query, cause) => {
+                self.reset();
+                StoreError::Query { query, cause }
+            }
+            BatchFailure::Report(err) => {
+                self.reset();
+                StoreError::Report(err)
+            }
+        }
+    }
+
     /// Turns a query error into a `StoreError`, scrubbed of secrets, and
     /// drops the connection.
     pub fn query_failed(&mut self, query: &'static str, err: sqlx::Error) -> StoreError {
@@ -68,13 +80,16 @@ impl Db {
             cause: self.target.redactor().redact(&describe(&err)),
         }
     }
+}
 
-    /// Closes the connection politely (used at shutdown).
-    pub async fn close(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
-        }
-    }
+/// Why a batch did not commit, in the order it can happen: a statement
+/// failed, its answer could not be decoded, or its lines could not be
+/// written. Every case drops the transaction, which rolls the batch back, so
+/// what it would have deleted stays for the next pass (at least once).
+pub enum BatchFailure {
+    Query(&'static str, sqlx::Error),
+    Decode(&'static str, String),
+    Report(std::io::Error),
 }
 
 /// Opens one connection with the sweeper's session settings.

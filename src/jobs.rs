@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::DbTarget;
-use crate::db::Db;
+use crate::db::{BatchFailure, Db};
 use crate::events::EventLog;
 use crate::metrics::Metrics;
 use crate::queries::jobs as q;
@@ -126,13 +126,6 @@ pub struct JobReaper {
     gate: GateState,
 }
 
-/// Why a batch did not commit.
-enum Failure {
-    Query(&'static str, sqlx::Error),
-    Decode(String),
-    Report(std::io::Error),
-}
-
 /// A batch's result when it did not fail.
 enum Batch {
     Applied(ApplyReport),
@@ -148,10 +141,6 @@ impl JobReaper {
             actor,
             gate: GateState::Unknown,
         }
-    }
-
-    pub fn actor(&self) -> &str {
-        &self.actor
     }
 
     /// One pass: if the gates allow, reap batch by batch until a short batch
@@ -250,21 +239,9 @@ impl JobReaper {
 
     async fn apply_batch(&mut self, events: &mut EventLog) -> Result<Batch, StoreError> {
         let conn = self.db.conn().await?;
-        match apply_in_tx(conn, &self.actor, events).await {
-            Ok(batch) => Ok(batch),
-            Err(Failure::Query(name, e)) => Err(self.db.query_failed(name, e)),
-            Err(Failure::Decode(cause)) => {
-                self.db.reset();
-                Err(StoreError::Query {
-                    query: "fn_job_reap_stale_leases_apply",
-                    cause,
-                })
-            }
-            Err(Failure::Report(e)) => {
-                self.db.reset();
-                Err(StoreError::Report(e))
-            }
-        }
+        apply_in_tx(conn, &self.actor, events)
+            .await
+            .map_err(|failure| self.db.batch_failed(failure))
     }
 
     fn decode_failed(
@@ -273,11 +250,10 @@ impl JobReaper {
         err: &serde_json::Error,
         text: &str,
     ) -> StoreError {
-        self.db.reset();
-        StoreError::Query {
+        self.db.batch_failed(BatchFailure::Decode(
             query,
-            cause: format!("unexpected JSON ({err}): {text}"),
-        }
+            format!("unexpected JSON ({err}): {text}"),
+        ))
     }
 }
 
@@ -288,13 +264,20 @@ async fn apply_in_tx(
     conn: &mut PgConnection,
     actor: &str,
     events: &mut EventLog,
-) -> Result<Batch, Failure> {
-    let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;
+) -> Result<Batch, BatchFailure> {
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| BatchFailure::Query("BEGIN", e))?;
     let text = q::apply(&mut tx, actor, JOB_BATCH_SIZE)
         .await
-        .map_err(|e| Failure::Query("fn_job_reap_stale_leases_apply", e))?;
-    let report: ApplyReport = serde_json::from_str(&text)
-        .map_err(|e| Failure::Decode(format!("unexpected JSON ({e}): {text}")))?;
+        .map_err(|e| BatchFailure::Query("fn_job_reap_stale_leases_apply", e))?;
+    let report: ApplyReport = serde_json::from_str(&text).map_err(|e| {
+        BatchFailure::Decode(
+            "fn_job_reap_stale_leases_apply",
+            format!("unexpected JSON ({e}): {text}"),
+        )
+    })?;
     if report.refused {
         // Nothing was changed; the gates closed since they were read.
         return Ok(Batch::Refused(report.reason.unwrap_or(text)));
@@ -302,9 +285,11 @@ async fn apply_in_tx(
     if !report.actions.is_empty() {
         events
             .warn_lines(JOB_LEASE_EXPIRED, report.actions.iter().map(line_fields))
-            .map_err(Failure::Report)?;
+            .map_err(BatchFailure::Report)?;
     }
-    tx.commit().await.map_err(|e| Failure::Query("COMMIT", e))?;
+    tx.commit()
+        .await
+        .map_err(|e| BatchFailure::Query("COMMIT", e))?;
     Ok(Batch::Applied(report))
 }
 

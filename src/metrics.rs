@@ -127,8 +127,7 @@ impl Metrics {
                 Ok(addr) => self.sink.set_addr(addr),
                 Err(cause) => {
                     self.sink
-                        .failed(&format!("cannot resolve {}: {cause}", self.sink.target));
-                    self.sink.lock().resolve_failed_at = Some(std::time::Instant::now());
+                        .resolve_failed(&format!("cannot resolve {}: {cause}", self.sink.target));
                     return;
                 }
             }
@@ -182,6 +181,13 @@ impl Buffer {
         s.addr = Some(addr);
         s.resolve_failed_at = None;
         s.socket = None;
+    }
+
+    /// A failed lookup: recorded like any failure, and no new lookup for
+    /// `RESOLVE_RETRY`.
+    fn resolve_failed(&self, cause: &str) {
+        self.failed(cause);
+        self.lock().resolve_failed_at = Some(std::time::Instant::now());
     }
 
     fn failed(&self, cause: &str) {

@@ -101,10 +101,6 @@ impl<S: LockStore> Sweeper<S> {
         self
     }
 
-    pub fn store_mut(&mut self) -> &mut S {
-        &mut self.store
-    }
-
     /// One pass: drain expired leases and takeovers, batch by batch, then
     /// report the gauge. Stops between batches once `cancel` fires.
     pub async fn sweep_once(

@@ -139,10 +139,6 @@ impl ThrowawayPg {
         self.root.join("data")
     }
 
-    pub fn bindir(&self) -> &Path {
-        &self.bin
-    }
-
     /// A connection URL for `database` as the superuser, over the socket.
     pub fn url(&self, database: &str) -> String {
         format!(
@@ -289,10 +285,6 @@ impl ThrowawayPg {
             }
             let _ = pm.exited.recv_timeout(STOP_TIMEOUT);
         }
-    }
-
-    pub fn is_running(&self) -> bool {
-        self.postmaster.is_some()
     }
 
     fn log_path(&self) -> PathBuf {

@@ -9,7 +9,7 @@
 use sqlx::Connection as _;
 
 use crate::config::DbTarget;
-use crate::db::Db;
+use crate::db::{BatchFailure, Db};
 use crate::queries::locks;
 use crate::store::{ExpiredLease, LockStore, StoreError};
 
@@ -38,11 +38,6 @@ impl PgLockStore {
         }
     }
 
-    /// The underlying connection, for callers that share it (the job reaper).
-    pub fn db(&mut self) -> &mut Db {
-        &mut self.db
-    }
-
     async fn batch(
         &mut self,
         kind: Batch,
@@ -61,18 +56,9 @@ impl PgLockStore {
                 }
                 Ok(n)
             }
-            Err(Failure::Query(name, e)) => Err(self.db.query_failed(name, e)),
-            Err(Failure::Report(e)) => {
-                self.db.reset();
-                Err(StoreError::Report(e))
-            }
+            Err(failure) => Err(self.db.batch_failed(failure)),
         }
     }
-}
-
-enum Failure {
-    Query(&'static str, sqlx::Error),
-    Report(std::io::Error),
 }
 
 /// Delete, report, commit: the order that makes a line precede its commit.
@@ -83,20 +69,25 @@ async fn batch_in_tx(
     limit: i32,
     after_millis: i64,
     report: Report<'_>,
-) -> Result<(usize, Option<i64>), Failure> {
-    let mut tx = conn.begin().await.map_err(|e| Failure::Query("BEGIN", e))?;
+) -> Result<(usize, Option<i64>), BatchFailure> {
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| BatchFailure::Query("BEGIN", e))?;
     let leases = match kind {
         Batch::Expired => locks::reap_expired(&mut tx, limit, after_millis)
             .await
-            .map_err(|e| Failure::Query("reap_expired", e))?,
+            .map_err(|e| BatchFailure::Query("reap_expired", e))?,
         Batch::Takeovers => locks::drain_takeovers(&mut tx, limit)
             .await
-            .map_err(|e| Failure::Query("drain_takeovers", e))?,
+            .map_err(|e| BatchFailure::Query("drain_takeovers", e))?,
     };
     if !leases.is_empty() {
-        report(&leases).map_err(Failure::Report)?;
+        report(&leases).map_err(BatchFailure::Report)?;
     }
-    tx.commit().await.map_err(|e| Failure::Query("COMMIT", e))?;
+    tx.commit()
+        .await
+        .map_err(|e| BatchFailure::Query("COMMIT", e))?;
     let newest = leases.iter().map(|l| l.expired_at_millis).max();
     Ok((leases.len(), newest))
 }
