@@ -445,6 +445,71 @@ async fn wait_output(
 /// How long a scenario keeps the database down: a few failing sweeps.
 const DOWNTIME: Duration = Duration::from_millis(3_000);
 
+/// What recovering from an outage looked like.
+struct Recovery {
+    pg: ThrowawayPg,
+    /// How long PostgreSQL took to accept connections again.
+    restart: Duration,
+    /// From PostgreSQL ready to every lease of the outage reported.
+    after_ready: Duration,
+    lines: Vec<String>,
+    /// Distinct leases of the outage the daemon reported.
+    reported: usize,
+    /// ERROR lines in the whole run.
+    error_lines: usize,
+}
+
+/// Restarts PostgreSQL after an outage and holds the daemon to recovering by
+/// itself: every lease in `meanwhile` is reported, `sweep_recovered` is
+/// logged, SIGTERM still exits 0, errors did not flood and no row is left.
+async fn restart_and_recover(
+    mut pg: ThrowawayPg,
+    daemon: &mut Daemon,
+    url: &str,
+    meanwhile: &HashMap<String, i64>,
+) -> Recovery {
+    let restarted = Instant::now();
+    pg = blocking(move || {
+        pg.start_again().expect("restarting PostgreSQL");
+        pg
+    })
+    .await;
+    let restart = restarted.elapsed();
+    wait_output(
+        daemon,
+        Duration::from_secs(15),
+        "the leases that expired meanwhile",
+        |l| reported_with_prefix(l, "meanwhile-").len() == meanwhile.len(),
+    )
+    .await;
+    let after_ready = restarted.elapsed() - restart;
+    daemon
+        .wait_for_event("sweep_recovered", Duration::from_secs(5))
+        .await;
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+
+    let lines = daemon.lines();
+    let keys = check_reports(
+        "the daemon",
+        &reported_with_prefix(&lines, "meanwhile-"),
+        meanwhile,
+    );
+    assert_eq!(keys.len(), meanwhile.len());
+    let error_lines = assert_no_error_flood(&lines);
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    Recovery {
+        pg,
+        restart,
+        after_ready,
+        lines,
+        reported: keys.len(),
+        error_lines,
+    }
+}
+
 #[tokio::test]
 async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_from_by_itself() {
     let (mut pg, url) = own_cluster().await;
@@ -476,46 +541,19 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
         failed[0]["error"]
     );
 
-    let restarted = Instant::now();
-    pg = blocking(move || {
-        pg.start_again().expect("restarting PostgreSQL");
-        pg
-    })
-    .await;
-    let up = restarted.elapsed();
-    wait_output(
-        &daemon,
-        Duration::from_secs(15),
-        "the leases that expired meanwhile",
-        |l| reported_with_prefix(l, "meanwhile-").len() == meanwhile.len(),
-    )
-    .await;
-    let recovery = restarted.elapsed() - up;
-    daemon
-        .wait_for_event("sweep_recovered", Duration::from_secs(5))
-        .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    assert_eq!(code, Some(0));
-
-    let lines = daemon.lines();
-    let reports = reported_with_prefix(&lines, "meanwhile-");
-    let keys = check_reports("the daemon", &reports, &meanwhile);
-    assert_eq!(keys.len(), meanwhile.len());
-    let errors = assert_no_error_flood(&lines);
-    let recovered = &events(&lines, "sweep_recovered")[0];
-    let mut conn = PgConnection::connect(&url).await.unwrap();
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    let r = restart_and_recover(pg, &mut daemon, &url, &meanwhile).await;
+    let recovered = &events(&r.lines, "sweep_recovered")[0];
     eprintln!(
         "FIGURES db_down_at_start: leases_expired_meanwhile={} reported={} failed_sweeps={} \
-         error_lines={errors} down_for={}ms recovery_after_ready={}ms",
+         error_lines={} down_for={}ms recovery_after_ready={}ms",
         meanwhile.len(),
-        keys.len(),
+        r.reported,
         recovered["failedSweeps"],
+        r.error_lines,
         recovered["downMillis"],
-        recovery.as_millis()
+        r.after_ready.as_millis()
     );
-    drop(pg);
+    drop(r.pg);
 }
 
 #[tokio::test]
@@ -549,62 +587,31 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     tokio::time::sleep(DOWNTIME).await; // the outage; the leases expire in it
     assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
 
-    let restarted = Instant::now();
-    pg = blocking(move || {
-        pg.start_again()
-            .expect("restarting PostgreSQL after a crash");
-        pg
-    })
-    .await;
-    let up = restarted.elapsed();
-    wait_output(
-        &daemon,
-        Duration::from_secs(15),
-        "the leases that expired meanwhile",
-        |l| reported_with_prefix(l, "meanwhile-").len() == meanwhile.len(),
-    )
-    .await;
-    let recovery = restarted.elapsed() - up;
-    daemon
-        .wait_for_event("sweep_recovered", Duration::from_secs(5))
-        .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    assert_eq!(code, Some(0));
-
-    let lines = daemon.lines();
-    let keys = check_reports(
-        "the daemon",
-        &reported_with_prefix(&lines, "meanwhile-"),
-        &meanwhile,
-    );
-    assert_eq!(keys.len(), meanwhile.len());
-    let errors = assert_no_error_flood(&lines);
-    let failed = events(&lines, "sweep_failed");
+    let r = restart_and_recover(pg, &mut daemon, &url, &meanwhile).await;
+    let failed = events(&r.lines, "sweep_failed");
     assert!(
         (1..=3).contains(&failed.len()),
         "one line per distinct cause (broken connection, refused, starting up): {failed:#?}"
     );
     assert!(failed.iter().all(|f| f["level"] == "error"));
-    let recovered = &events(&lines, "sweep_recovered")[0];
-    let mut conn = PgConnection::connect(&url).await.unwrap();
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    let recovered = &events(&r.lines, "sweep_recovered")[0];
     eprintln!(
         "FIGURES db_crash_mid_run: leases_expired_meanwhile={} reported={} failed_sweeps={} \
-         error_lines={errors} (sweep_failed={}) down_for={}ms postgres_restart={}ms \
+         error_lines={} (sweep_failed={}) down_for={}ms postgres_restart={}ms \
          recovery_after_ready={}ms",
         meanwhile.len(),
-        keys.len(),
+        r.reported,
         recovered["failedSweeps"],
+        r.error_lines,
         failed.len(),
         recovered["downMillis"],
-        up.as_millis(),
-        recovery.as_millis()
+        r.restart.as_millis(),
+        r.after_ready.as_millis()
     );
-    for (event, error) in error_lines(&lines) {
+    for (event, error) in error_lines(&r.lines) {
         eprintln!("  error line: {event}: {error}");
     }
-    drop(pg);
+    drop(r.pg);
 }
 
 /// The sweeper's backends of `db` that are blocked on a lock right now.
