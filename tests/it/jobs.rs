@@ -14,7 +14,9 @@ use lease_sweeper::metrics::Metrics;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, fields, wait_until};
+use crate::support::{
+    Daemon, StatsdCapture, TestDb, count, events, fields, insert_stale_jobs, wait_until,
+};
 
 const SUBSTRATE: &str = "queue.job_substrate.enabled";
 const REAPER: &str = "queue.lease.reaper_enabled";
@@ -46,32 +48,6 @@ async fn gates(conn: &mut PgConnection, substrate: bool, reaper: bool, dry_only:
 /// All three gates in the "reap" position.
 async fn open_gates(conn: &mut PgConnection) {
     gates(conn, true, true, false).await;
-}
-
-/// Inserts `n` leased jobs whose lease ran out `overdue_ms` ago; returns their ids.
-async fn insert_stale(
-    conn: &mut PgConnection,
-    kind: &str,
-    n: i64,
-    attempts: i32,
-    max_attempts: i32,
-    overdue_ms: i64,
-) -> Vec<String> {
-    sqlx::query_scalar(
-        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
-         SELECT $1, jsonb_build_object('n', i), 'leased', $2, $3, 'worker-' || i,
-                now() - $5 * interval '1 millisecond'
-           FROM generate_series(1, $4) AS i
-         RETURNING job_id::text",
-    )
-    .bind(kind)
-    .bind(attempts)
-    .bind(max_attempts)
-    .bind(n)
-    .bind(overdue_ms)
-    .fetch_all(conn)
-    .await
-    .expect("inserting stale jobs")
 }
 
 async fn apply(conn: &mut PgConnection, actor: &str, limit: Option<i32>) -> Value {
@@ -137,7 +113,7 @@ fn refusal(reason: &str) -> Value {
 async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_nothing() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    insert_stale(&mut conn, "refusal_probe", 1, 0, 5, 5_000).await;
+    insert_stale_jobs(&mut conn, "refusal_probe", 1, 0, 5, 5_000).await;
     let before = job_snapshot(&mut conn).await;
 
     // (substrate, reaper_enabled, dry_run_only, actor) → the source's answer.
@@ -221,8 +197,8 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
 async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5_with_attempts_5() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let retryable = insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 5_000).await;
-    let dlq_bound = insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 3_000).await;
+    let retryable = insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 5_000).await;
+    let dlq_bound = insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 3_000).await;
     open_gates(&mut conn).await;
 
     let out = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
@@ -331,7 +307,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     let mut conn = db.connect().await;
     let mut expected = Vec::new();
     for attempts in 0..=13 {
-        let id = insert_stale(&mut conn, "backoff", 1, attempts, 100, 1_000).await;
+        let id = insert_stale_jobs(&mut conn, "backoff", 1, attempts, 100, 1_000).await;
         // Bumped attempts a = attempts + 1; multiplier 2^min(a-1, 10).
         expected.push((id[0].clone(), 10_i64 << attempts.min(10)));
     }
@@ -364,7 +340,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     set(&mut conn, "queue.retry.backoff_base_sec", "3")
         .await
         .unwrap();
-    insert_stale(&mut conn, "backoff", 1, 2, 100, 1_000).await;
+    insert_stale_jobs(&mut conn, "backoff", 1, 2, 100, 1_000).await;
     let out = apply(&mut conn, "op", Some(100)).await;
     assert_eq!(out["actions"][0]["backoff_sec"], 12);
 }
@@ -373,8 +349,8 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
 async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let retryable = insert_stale(&mut conn, "retryable", 3, 1, 5, 9_000).await;
-    let last = insert_stale(&mut conn, "last_attempt", 2, 2, 3, 4_000).await;
+    let retryable = insert_stale_jobs(&mut conn, "retryable", 3, 1, 5, 9_000).await;
+    let last = insert_stale_jobs(&mut conn, "last_attempt", 2, 2, 3, 4_000).await;
     sqlx::raw_sql(
         "INSERT INTO job_queue (job_kind, state, lease_owner, lease_until)
               VALUES ('live', 'leased', 'alive', now() + interval '1 minute');
@@ -525,7 +501,7 @@ async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
     let mut conn = db.connect().await;
     let mut all = HashSet::new();
     for attempts in 0..5 {
-        all.extend(insert_stale(&mut conn, "bulk", 600, attempts, 5, 2_000).await);
+        all.extend(insert_stale_jobs(&mut conn, "bulk", 600, attempts, 5, 2_000).await);
     }
     open_gates(&mut conn).await;
     let started = Instant::now();
@@ -604,7 +580,7 @@ async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
 async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let id = insert_stale(&mut conn, "slow", 1, 0, 5, 2_000)
+    let id = insert_stale_jobs(&mut conn, "slow", 1, 0, 5, 2_000)
         .await
         .remove(0);
     open_gates(&mut conn).await;
@@ -638,7 +614,7 @@ async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
 async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let id = insert_stale(&mut conn, "flaky", 1, 0, 5, 2_000)
+    let id = insert_stale_jobs(&mut conn, "flaky", 1, 0, 5, 2_000)
         .await
         .remove(0);
     open_gates(&mut conn).await;
@@ -682,10 +658,10 @@ async fn a_stale_job_a_worker_holds_locked_is_skipped_without_waiting_and_not_re
  {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let held = insert_stale(&mut conn, "held", 1, 0, 5, 3_000)
+    let held = insert_stale_jobs(&mut conn, "held", 1, 0, 5, 3_000)
         .await
         .remove(0);
-    let free = insert_stale(&mut conn, "free", 1, 0, 5, 2_000)
+    let free = insert_stale_jobs(&mut conn, "free", 1, 0, 5, 2_000)
         .await
         .remove(0);
     open_gates(&mut conn).await;
@@ -740,7 +716,7 @@ async fn live_leases_and_jobs_in_other_states_are_never_reaped() {
 async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    insert_stale(&mut conn, "limit", 2, 0, 5, 1_000).await;
+    insert_stale_jobs(&mut conn, "limit", 2, 0, 5, 1_000).await;
     open_gates(&mut conn).await;
     let before = job_snapshot(&mut conn).await;
 
@@ -945,7 +921,7 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
     let mut url = url::Url::parse(&db.url).unwrap();
     url.set_username(&role).unwrap();
     url.set_password(Some("reaper-pw")).unwrap();
-    let id = insert_stale(&mut owner, "guarded", 1, 4, 5, 1_000)
+    let id = insert_stale_jobs(&mut owner, "guarded", 1, 4, 5, 1_000)
         .await
         .remove(0);
     open_gates(&mut owner).await;
@@ -1071,8 +1047,8 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     .execute(&mut owner)
     .await
     .unwrap();
-    insert_stale(&mut owner, "retry", 2, 0, 5, 1_000).await;
-    insert_stale(&mut owner, "bury", 1, 0, 1, 1_000).await;
+    insert_stale_jobs(&mut owner, "retry", 2, 0, 5, 1_000).await;
+    insert_stale_jobs(&mut owner, "bury", 1, 0, 1, 1_000).await;
     open_gates(&mut owner).await;
     let mut url = url::Url::parse(&db.url).unwrap();
     url.set_username(&role).unwrap();
@@ -1311,7 +1287,7 @@ async fn move_to_dead_letter_returns_the_same_dead_letter_object_as_apply_and_re
     assert_eq!(twice["state"], "dead_letter");
 
     // Apply's dead_letter object has exactly the same keys.
-    insert_stale(&mut conn, "last", 1, 0, 1, 1_000).await;
+    insert_stale_jobs(&mut conn, "last", 1, 0, 1, 1_000).await;
     open_gates(&mut conn).await;
     let applied = apply(&mut conn, "op", Some(10)).await;
     assert_eq!(keys(&applied["actions"][0]["dead_letter"]), keys(&out));
@@ -1353,8 +1329,8 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
     let total = JOB_BATCH_SIZE as i64 + 500;
-    insert_stale(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
-    insert_stale(&mut conn, "dead", 300, 2, 3, 4_000).await;
+    insert_stale_jobs(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
+    insert_stale_jobs(&mut conn, "dead", 300, 2, 3, 4_000).await;
     open_gates(&mut conn).await;
     let (mut log, lines) = EventLog::in_memory();
     let metrics = Metrics::new(statsd.target());
@@ -1430,6 +1406,13 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
         total as u64 - 300
     );
     assert_eq!(statsd.counter("queue.lease.reaped", dead_tags), 300);
+    // The gauge rides in a later datagram than the per-batch counts.
+    wait_until(Duration::from_secs(5), "the stale gauge", || async {
+        statsd
+            .gauge("queue.lease.stale.current", "#backend:pg")
+            .is_some()
+    })
+    .await;
     assert_eq!(
         statsd.gauge("queue.lease.stale.current", "#backend:pg"),
         Some(0)
@@ -1442,7 +1425,7 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
-    insert_stale(&mut conn, "waiting", 7, 0, 5, 1_000).await;
+    insert_stale_jobs(&mut conn, "waiting", 7, 0, 5, 1_000).await;
     gates(&mut conn, true, true, true).await; // armed but safe
     let before = job_snapshot(&mut conn).await;
     let (mut log, lines) = EventLog::in_memory();
@@ -1488,7 +1471,7 @@ async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let mut conn = db.connect().await;
-    let stale = insert_stale(&mut conn, "gated", 4, 0, 5, 1_000).await;
+    let stale = insert_stale_jobs(&mut conn, "gated", 4, 0, 5, 1_000).await;
     let before = job_snapshot(&mut conn).await;
     let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
 
@@ -1538,8 +1521,8 @@ async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_ac
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let mut conn = db.connect().await;
-    let reset = insert_stale(&mut conn, "retry_me", 20, 0, 5, 1_000).await;
-    let dead = insert_stale(&mut conn, "bury_me", 10, 4, 5, 1_000).await;
+    let reset = insert_stale_jobs(&mut conn, "retry_me", 20, 0, 5, 1_000).await;
+    let dead = insert_stale_jobs(&mut conn, "bury_me", 10, 4, 5, 1_000).await;
     open_gates(&mut conn).await;
     let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
 
@@ -1648,8 +1631,8 @@ async fn cli_jobs_apply_exits_1_with_the_refusal_json_while_gated_and_0_with_the
  {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
-    insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
+    insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
+    insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
 
     assert_eq!(
         cli_jobs(&db, cli_apply()).await,
@@ -1798,8 +1781,8 @@ async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
 async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_bad_gate_key() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    insert_stale(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
-    insert_stale(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
+    insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
+    insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
     let json =
         |s: &str| -> Value { serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s:?}")) };
 

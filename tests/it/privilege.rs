@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use sqlx::{Connection as _, PgConnection};
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired};
+use crate::support::{
+    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs,
+};
 
 /// A LOGIN role granted `lease_sweeper`, as docs/least-privilege.md tells an
 /// operator to create one. Roles are cluster-wide: the name carries the
@@ -67,29 +69,6 @@ async fn open_gates(conn: &mut PgConnection) {
     set_gate(conn, "queue.lease.reaper_dry_run_only", "false").await;
 }
 
-/// Leased jobs whose lease ran out a minute ago; returns their ids.
-async fn insert_stale_jobs(
-    conn: &mut PgConnection,
-    kind: &str,
-    n: i64,
-    attempts: i32,
-    max_attempts: i32,
-) -> Vec<String> {
-    sqlx::query_scalar(
-        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
-         SELECT $1, '{}'::jsonb, 'leased', $2, $3, 'worker-' || i, now() - interval '1 minute'
-           FROM generate_series(1, $4) AS i
-         RETURNING job_id::text",
-    )
-    .bind(kind)
-    .bind(attempts)
-    .bind(max_attempts)
-    .bind(n)
-    .fetch_all(conn)
-    .await
-    .unwrap()
-}
-
 /// A job leased to a live worker for another hour.
 async fn insert_live_job(conn: &mut PgConnection) -> String {
     sqlx::query_scalar(
@@ -141,8 +120,8 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
             .unwrap();
     }
     open_gates(&mut admin).await;
-    let reset = insert_stale_jobs(&mut admin, "retryable", 2, 0, 5).await;
-    let dead = insert_stale_jobs(&mut admin, "last-try", 1, 4, 5).await;
+    let reset = insert_stale_jobs(&mut admin, "retryable", 2, 0, 5, 60_000).await;
+    let dead = insert_stale_jobs(&mut admin, "last-try", 1, 4, 5, 60_000).await;
     let live_job = insert_live_job(&mut admin).await;
 
     let statsd = StatsdCapture::start().await;
@@ -358,7 +337,7 @@ async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_c
         .unwrap();
     insert_expired(&mut admin, "expired-", 1, 1_000).await;
     open_gates(&mut admin).await; // so claim gets past its gate check to the write
-    insert_stale_jobs(&mut admin, "stale", 1, 0, 5).await;
+    insert_stale_jobs(&mut admin, "stale", 1, 0, 5, 60_000).await;
     let snapshot = "SELECT (SELECT string_agg(format('%s/%s/%s/%s', lock_key, owner_id, token, expires_at), ',' ORDER BY lock_key) FROM lock_entry)
                 || (SELECT string_agg(format('%s=%s', key, value), ',' ORDER BY key) FROM queue_setting)
                 || (SELECT string_agg(format('%s/%s/%s', job_kind, state, lease_until), ',' ORDER BY job_kind) FROM job_queue)
@@ -586,7 +565,7 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a
     .execute(&mut admin)
     .await
     .unwrap();
-    let stale = insert_stale_jobs(&mut admin, "stale", 1, 0, 5).await;
+    let stale = insert_stale_jobs(&mut admin, "stale", 1, 0, 5, 60_000).await;
     let live = insert_live_job(&mut admin).await;
     let live_lease = live_lease_and_one_expired_and_one_takeover(&mut admin).await;
     let mut low = login.connect().await;

@@ -144,6 +144,32 @@ pub async fn insert_expired(conn: &mut PgConnection, prefix: &str, n: i64, ago_m
     .expect("inserting expired leases");
 }
 
+/// Inserts `n` leased jobs whose lease ran out `overdue_ms` ago; returns their ids.
+pub async fn insert_stale_jobs(
+    conn: &mut PgConnection,
+    kind: &str,
+    n: i64,
+    attempts: i32,
+    max_attempts: i32,
+    overdue_ms: i64,
+) -> Vec<String> {
+    sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, payload, state, attempts, max_attempts, lease_owner, lease_until)
+         SELECT $1, jsonb_build_object('n', i), 'leased', $2, $3, 'worker-' || i,
+                now() - $5 * interval '1 millisecond'
+           FROM generate_series(1, $4) AS i
+         RETURNING job_id::text",
+    )
+    .bind(kind)
+    .bind(attempts)
+    .bind(max_attempts)
+    .bind(n)
+    .bind(overdue_ms)
+    .fetch_all(conn)
+    .await
+    .expect("inserting stale jobs")
+}
+
 pub async fn count(conn: &mut PgConnection, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(conn)
