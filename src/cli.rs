@@ -47,9 +47,17 @@ OUTPUT:
     ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
         overdueMillis=MS backend=pg reapedBy=sweep|takeover ownerId=O
   One line per stale job lease acted on: level=warn message=job_lease_expired jobId=...
-  Diagnostics: starting, sweeper_started, sweep_failed / sweep_recovered (database
-  trouble: logged when it starts or changes, then once a minute), statsd_unavailable,
-  job_reaper_gated, shutdown_requested, sweeper_stopped (docs/metrics-and-logs.md).
+  Diagnostics (docs/metrics-and-logs.md), from two independent loops, each on its own
+  connection: the lock sweeper (sweep_*) and the job reaper (job_reap_*):
+    starting, systemd_notify_enabled, sweeper_started, job_reaper_started
+    sweep_failed / sweep_recovered, job_reap_failed / job_reap_recovered (database
+      trouble: logged when it starts or changes, then once a minute, then on recovery)
+    job_reaper_gated / job_reaper_armed (the gates' answer, once per change)
+    statsd_unavailable / statsd_recovered, systemd_notify_failed
+    shutdown_requested, shutdown_forced (a second signal)
+    sweep_abandoned_at_shutdown, job_reap_abandoned_at_shutdown (a batch still running
+      2 s after the signal rolls back)
+    sweeper_stopped, job_reaper_stopped
 
 METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per sweep):
   lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
@@ -61,8 +69,9 @@ SIGNALS:
   a second signal   exit at once with 128+signal
 
 SYSTEMD:
-  With NOTIFY_SOCKET set (Type=notify): READY=1 after the first sweep, WATCHDOG=1 after
-  every sweep (failed or not), STOPPING=1 on the first signal.
+  With NOTIFY_SOCKET set (Type=notify): READY=1 after the first lock sweep, WATCHDOG=1
+  each time both loops have finished a pass (failed or not), so a wedged loop of either
+  service stops the pings; STOPPING=1 on the first signal.
 
 EXAMPLES:
   LOCKDB_URL=postgres://sweeper:secret@db.internal:5432/locks lease-sweeper run

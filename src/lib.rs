@@ -2,29 +2,26 @@
 //! leases out of PostgreSQL and turns each lock-lease expiry into exactly one
 //! WARN `lease_expired` line and one StatsD count.
 //!
-//! Layout: `sweeper` (the loop and one pass) talks to a `store::LockStore`
-//! (PostgreSQL in `store::postgres`, statements in `queries`), writes signal
-//! lines through `events` and counts through `metrics`; `jobs` is the job-queue
-//! reaper; `telemetry` and `logfmt` are the diagnostics; `shutdown` turns
-//! signals into cancellation; `config` reads the environment; `cli`/`app` are
-//! the command line; `throwaway` and `demo` serve the embedded default and the
-//! tests.
+//! Layers, each importing only the ones below it:
+//! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
+//! - `sweep`: the two independent services (`lock_sweeper`, `job_reaper`)
+//!   and the one loop that runs each (`sweep::run`).
+//! - `pg`: connections, the schema, and each table's statements.
+//! - `output`: signal lines, logfmt, diagnostics, StatsD.
+//! - leaves: `store` (the `LockStore` seam and its error), `model` (the
+//!   records), `config` (the environment), `shutdown` (signals), `progress`
+//!   and `notify` (loop liveness, systemd), `throwaway` (a local PostgreSQL
+//!   for the demo and the tests).
 
-pub mod app;
-pub mod check;
 pub mod cli;
+pub mod cmd;
 pub mod config;
-pub mod db;
-pub mod demo;
-pub mod events;
-pub mod jobs;
-pub mod jobs_cli;
-pub mod logfmt;
-pub mod metrics;
+pub mod model;
 pub mod notify;
-pub mod queries;
+pub mod output;
+pub mod pg;
+pub mod progress;
 pub mod shutdown;
 pub mod store;
-pub mod sweeper;
-pub mod telemetry;
+pub mod sweep;
 pub mod throwaway;

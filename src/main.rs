@@ -4,11 +4,11 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use lease_sweeper::{app, cli::Cli, telemetry};
+use lease_sweeper::{cli::Cli, cmd, output::telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = telemetry::init(app::log_output(&cli.command)) {
+    if let Err(e) = telemetry::init(cmd::log_output(&cli.command)) {
         eprintln!("lease-sweeper: {e}");
         return ExitCode::from(2);
     }
@@ -22,11 +22,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(app::execute(cli)) {
+    match runtime.block_on(cmd::execute(cli)) {
         Ok(code) => code,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "failed");
-            app::exit_code_for(&e)
+            cmd::exit_code_for(&e)
         }
     }
 }

@@ -1,5 +1,6 @@
-//! systemd's notify protocol for `run`: `READY=1` once the sweep loop runs,
-//! `WATCHDOG=1` after every sweep, `STOPPING=1` when shutdown starts.
+//! systemd's notify protocol for `run`: `READY=1` after the first lock sweep,
+//! `WATCHDOG=1` each time every service loop has moved, `STOPPING=1` when
+//! shutdown starts.
 //!
 //! Owns only what is said to the service manager and when; the datagrams are
 //! sent by the `sd-notify` crate to the socket named in `NOTIFY_SOCKET`. Without
@@ -7,12 +8,12 @@
 //! not decide when the daemon stops (`shutdown` does) nor how often it sweeps
 //! (`sweeper` does).
 //!
-//! Why from the sweep loop and not a timer: the watchdog must notice a wedged
-//! loop, so the ping is sent by the loop itself (through `Sweeper::on_sweep`,
-//! called after every sweep, failed or not). A database that is down is not a
-//! wedged loop: the sweep fails fast, is logged, and the ping still goes out,
-//! so systemd never restarts the daemon for something a restart cannot fix.
-//! `READY=1` rides on the first ping, so "ready" means "one sweep has run".
+//! Why from the loops' progress and not a timer: the watchdog must notice a
+//! wedged loop, of either service, so a ping is sent only when every loop has
+//! finished a pass since the last ping (`progress::Watcher::all_moved`). A
+//! database that is down is not a wedged loop: a pass fails fast, is logged,
+//! and still counts, so systemd never restarts the daemon for something a
+//! restart cannot fix. "Ready" means "one lock sweep has run".
 //!
 //! A failure to notify is logged once and never stops the daemon.
 
@@ -23,6 +24,8 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+use crate::progress::Watcher;
 
 /// The environment variable systemd sets for `Type=notify` services.
 const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
@@ -58,27 +61,42 @@ impl Notifier {
         Self::default()
     }
 
-    /// The hook for `Sweeper::on_sweep`: `READY=1` (first time) and `WATCHDOG=1`.
-    pub fn sweep_hook(&self) -> impl FnMut() + Send + 'static {
+    /// Follows the loops' progress until `shutdown`: `READY=1` once loop
+    /// `ready_slot` has finished a pass, `WATCHDOG=1` each time every loop
+    /// has, and `STOPPING=1` as soon as `shutdown` fires (so systemd shows
+    /// the drain while it happens). Needs a Tokio runtime.
+    pub fn follow(&self, mut progress: Watcher, ready_slot: usize, shutdown: CancellationToken) {
         let this = self.clone();
-        move || this.swept()
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    changed = progress.changed() => if changed.is_none() { break },
+                }
+                if !this.state.ready.load(Ordering::SeqCst) {
+                    if progress.passes(ready_slot) > 0 {
+                        this.ready();
+                    }
+                } else if progress.all_moved() {
+                    this.send(&[NotifyState::Watchdog]);
+                }
+            }
+            this.stopping();
+        });
     }
 
-    /// One sweep finished (failed or not): the loop is alive.
-    pub fn swept(&self) {
+    /// The first lock sweep ran.
+    fn ready(&self) {
         if self.state.stopping.load(Ordering::SeqCst) {
             // After STOPPING=1 a READY=1 would confuse systemd's state machine.
             return;
         }
-        if self.state.ready.swap(true, Ordering::SeqCst) {
-            self.send(&[NotifyState::Watchdog]);
-        } else {
-            self.send(&[
-                NotifyState::Ready,
-                NotifyState::Status(STATUS_RUNNING),
-                NotifyState::Watchdog,
-            ]);
-        }
+        self.state.ready.store(true, Ordering::SeqCst);
+        self.send(&[
+            NotifyState::Ready,
+            NotifyState::Status(STATUS_RUNNING),
+            NotifyState::Watchdog,
+        ]);
     }
 
     /// Shutdown started; sent once however often it is called.
@@ -86,16 +104,6 @@ impl Notifier {
         if !self.state.stopping.swap(true, Ordering::SeqCst) {
             self.send(&[NotifyState::Stopping, NotifyState::Status(STATUS_STOPPING)]);
         }
-    }
-
-    /// Sends `STOPPING=1` as soon as `shutdown` fires, so systemd shows the
-    /// drain while it happens rather than after it. Needs a Tokio runtime.
-    pub fn stop_on(&self, shutdown: CancellationToken) {
-        let this = self.clone();
-        tokio::spawn(async move {
-            shutdown.cancelled().await;
-            this.stopping();
-        });
     }
 
     fn send(&self, states: &[NotifyState<'_>]) {

@@ -96,7 +96,9 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     tokio::time::sleep(Duration::from_millis(2_500)).await; // two or three more failing sweeps
 
     let mut conn = db.connect().await;
-    lease_sweeper::db::migrate(&mut conn).await.unwrap();
+    lease_sweeper::pg::migrate::migrate(&mut conn)
+        .await
+        .unwrap();
     insert_expired(&mut conn, "after-", 4, 10).await;
     wait_until(Duration::from_secs(10), "the recovered sweep", || async {
         events(&daemon.lines(), "lease_expired").len() == 4

@@ -12,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use lease_sweeper::sweeper::BATCH_SIZE;
+use lease_sweeper::sweep::lock_sweeper::BATCH_SIZE;
 use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
@@ -26,7 +26,7 @@ use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expire
 fn reported(lines: &[String], allow_torn_tail: bool) -> Vec<(String, i64)> {
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
-        let Some(pairs) = lease_sweeper::logfmt::decode_line(line) else {
+        let Some(pairs) = lease_sweeper::output::logfmt::decode_line(line) else {
             assert!(
                 allow_torn_tail && i + 1 == lines.len(),
                 "line {i} of {} does not decode: {line:?}",
@@ -359,7 +359,9 @@ async fn own_cluster() -> (ThrowawayPg, String) {
         .expect("starting a throwaway PostgreSQL");
     let url = pg.url("postgres");
     let mut conn = PgConnection::connect(&url).await.unwrap();
-    lease_sweeper::db::migrate(&mut conn).await.unwrap();
+    lease_sweeper::pg::migrate::migrate(&mut conn)
+        .await
+        .unwrap();
     conn.close().await.unwrap();
     (pg, url)
 }
@@ -535,7 +537,7 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
     assert_eq!(failed.len(), 1, "{lines:#?}");
     assert_eq!(failed[0]["level"], "error");
     assert!(
-        failed[0]["error"].contains("cannot connect to the lock database")
+        failed[0]["error"].starts_with("lock leases: cannot connect to")
             && failed[0]["error"].contains("No such file or directory"),
         "the real cause, not a pool timeout: {:?}",
         failed[0]["error"]

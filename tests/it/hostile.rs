@@ -293,7 +293,9 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
     let (pg, _hba_dir) = cluster_requiring_passwords().await;
     let admin_url = pg.url("postgres");
     let mut admin = PgConnection::connect(&admin_url).await.unwrap();
-    lease_sweeper::db::migrate(&mut admin).await.unwrap();
+    lease_sweeper::pg::migrate::migrate(&mut admin)
+        .await
+        .unwrap();
     sqlx::raw_sql(
         "CREATE ROLE sweeper LOGIN PASSWORD 'Right-S3cret-plugh' IN ROLE lease_sweeper;
          INSERT INTO lock_entry (lock_key, owner_id, token, expires_at)

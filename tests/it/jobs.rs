@@ -7,10 +7,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg};
-use lease_sweeper::events::EventLog;
-use lease_sweeper::jobs::{JOB_BATCH_SIZE, JobReaper};
-use lease_sweeper::jobs_cli::{run_gates, run_jobs};
-use lease_sweeper::metrics::Metrics;
+use lease_sweeper::cmd::jobs::{run_gates, run_jobs};
+use lease_sweeper::output::events::EventLog;
+use lease_sweeper::output::metrics::Metrics;
+use lease_sweeper::pg::job_queue::PgJobQueue;
+use lease_sweeper::sweep::job_reaper::{JOB_BATCH_SIZE, JobReaper};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
@@ -1332,16 +1333,17 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
     insert_stale_jobs(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
     insert_stale_jobs(&mut conn, "dead", 300, 2, 3, 4_000).await;
     open_gates(&mut conn).await;
-    let (mut log, lines) = EventLog::in_memory();
+    let (log, lines) = EventLog::in_memory();
     let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
+    let mut reaper = JobReaper::new(
+        PgJobQueue::new(db.target()),
+        log,
+        metrics.clone(),
+        "lease-sweeper@test-host".into(),
+    );
 
     let outcome = reaper
-        .reap_once(
-            &mut log,
-            &metrics,
-            &tokio_util::sync::CancellationToken::new(),
-        )
+        .reap_once(&tokio_util::sync::CancellationToken::new())
         .await
         .expect("reap succeeds");
     metrics.flush().await;
@@ -1428,16 +1430,17 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
     insert_stale_jobs(&mut conn, "waiting", 7, 0, 5, 1_000).await;
     gates(&mut conn, true, true, true).await; // armed but safe
     let before = job_snapshot(&mut conn).await;
-    let (mut log, lines) = EventLog::in_memory();
+    let (log, lines) = EventLog::in_memory();
     let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(db.target(), "lease-sweeper@test-host".into());
+    let mut reaper = JobReaper::new(
+        PgJobQueue::new(db.target()),
+        log,
+        metrics.clone(),
+        "lease-sweeper@test-host".into(),
+    );
 
     let outcome = reaper
-        .reap_once(
-            &mut log,
-            &metrics,
-            &tokio_util::sync::CancellationToken::new(),
-        )
+        .reap_once(&tokio_util::sync::CancellationToken::new())
         .await
         .unwrap();
     metrics.flush().await;

@@ -183,7 +183,7 @@ async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
     let statsd = StatsdCapture::start().await;
     let target = lease_sweeper::config::DbTarget::from_url("LOCKDB_URL", &login.url).unwrap();
 
-    let report = lease_sweeper::check::preflight(&target, &statsd.target()).await;
+    let report = lease_sweeper::cmd::check::preflight(&target, &statsd.target()).await;
 
     let failed: Vec<String> = report
         .lines

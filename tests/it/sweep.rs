@@ -2,10 +2,12 @@
 
 use std::collections::HashSet;
 
-use lease_sweeper::events::EventLog;
-use lease_sweeper::metrics::Metrics;
-use lease_sweeper::store::postgres::PgLockStore;
-use lease_sweeper::sweeper::{BATCH_SIZE, Sweeper};
+use lease_sweeper::output::events::EventLog;
+use lease_sweeper::output::metrics::Metrics;
+use lease_sweeper::pg::lock_store::PgLockStore;
+use lease_sweeper::progress::Progress;
+use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::sweep::run;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{StatsdCapture, TestDb, count, events, fields, insert_expired};
@@ -14,14 +16,14 @@ async fn sweeper(
     db: &TestDb,
     statsd: &StatsdCapture,
 ) -> (
-    Sweeper<PgLockStore>,
-    lease_sweeper::events::MemoryLog,
+    LockSweeper<PgLockStore>,
+    lease_sweeper::output::events::MemoryLog,
     Metrics,
 ) {
     let (log, lines) = EventLog::in_memory();
     let metrics = Metrics::new(statsd.target());
     (
-        Sweeper::new(PgLockStore::new(db.target()), log, metrics.clone()),
+        LockSweeper::new(PgLockStore::new(db.target()), log, metrics.clone()),
         lines,
         metrics,
     )
@@ -244,10 +246,11 @@ async fn acquire_stealing_expired_leases_while_sweepers_run_reports_every_token_
     let statsd = StatsdCapture::start().await;
     let stop = CancellationToken::new();
     let (log_a, log_b) = {
-        let (a, log_a, _) = sweeper(&db, &statsd).await;
-        let (b, log_b, _) = sweeper(&db, &statsd).await;
-        tokio::spawn(a.run(stop.clone()));
-        tokio::spawn(b.run(stop.clone()));
+        let (a, log_a, metrics_a) = sweeper(&db, &statsd).await;
+        let (b, log_b, metrics_b) = sweeper(&db, &statsd).await;
+        let progress = Progress::new(2);
+        tokio::spawn(run(a, metrics_a, progress.beat(0), stop.clone()));
+        tokio::spawn(run(b, metrics_b, progress.beat(1), stop.clone()));
         (log_a, log_b)
     };
     // A lock server hammering 20 keys with 5 ms leases it never renews or
@@ -403,7 +406,7 @@ async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_los
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "kept-", 12, 1_000).await;
     let metrics = Metrics::new(statsd.target());
-    let mut broken = Sweeper::new(
+    let mut broken = LockSweeper::new(
         PgLockStore::new(db.target()),
         EventLog::to_writer(Box::new(BrokenPipe)),
         metrics.clone(),

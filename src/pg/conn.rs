@@ -1,19 +1,20 @@
-//! One managed connection to the lock database, and the bundled migrations.
+//! One managed connection per service, and how database failures are told.
 //!
 //! Owns connecting (with a bounded timeout and the session settings the
-//! sweeper relies on), dropping a connection after any error so the next call
+//! services rely on), dropping a connection after any error so the next call
 //! reconnects by itself, and describing failures with their real cause instead
-//! of a pool's "timed out". It owns no SQL besides the migrations.
+//! of a pool's "timed out". It owns no SQL; the migrations are in `migrate`.
 //!
-//! A pool is not used on purpose: the sweeper does one thing at a time, and a
-//! pool hides a refused connection behind `PoolTimedOut` after 30 s.
+//! A pool is not used on purpose: each service does one thing at a time on
+//! its own connection, and a pool hides a refused connection behind
+//! `PoolTimedOut` after 30 s.
 
 use std::time::Duration;
 
-use sqlx::{Connection as _, PgConnection};
+use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 
 use crate::config::DbTarget;
-use crate::store::StoreError;
+use crate::store::{Report, StoreError, Work};
 
 /// How long one connection attempt may take before the sweep reports it and
 /// moves on; well under the 1-second rhythm times the drain bound.
@@ -27,24 +28,30 @@ const STATEMENT_TIMEOUT_MS: &str = "30000";
 /// ended by the server, releasing its row locks for other replicas.
 const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "60000";
 
-/// The schema this binary needs, embedded at build time.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
-/// A lazily opened connection that reconnects after failures.
+/// A lazily opened connection that reconnects after failures; its errors
+/// name the `work` it does.
 pub struct Db {
     target: DbTarget,
+    work: Work,
     conn: Option<PgConnection>,
 }
 
 impl Db {
-    pub fn new(target: DbTarget) -> Self {
-        Self { target, conn: None }
+    pub fn new(target: DbTarget, work: Work) -> Self {
+        Self {
+            target,
+            work,
+            conn: None,
+        }
     }
 
     /// The open connection, connecting first if there is none.
     pub async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
-            self.conn = Some(connect(&self.target).await?);
+            let conn = connect(&self.target)
+                .await
+                .map_err(|e| e.for_work(self.work))?;
+            self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connection was just set"))
     }
@@ -62,11 +69,18 @@ impl Db {
             BatchFailure::Query(query, err) => self.query_failed(query, err),
             BatchFailure::Decode(query, cause) => {
                 self.reset();
-                StoreError::Query { query, cause }
+                StoreError::Decode {
+                    work: self.work,
+                    query,
+                    cause,
+                }
             }
-            BatchFailure::Report(err) => {
+            BatchFailure::Report(source) => {
                 self.reset();
-                StoreError::Report(err)
+                StoreError::Report {
+                    work: self.work,
+                    source,
+                }
             }
         }
     }
@@ -76,8 +90,10 @@ impl Db {
     pub fn query_failed(&mut self, query: &'static str, err: sqlx::Error) -> StoreError {
         self.reset();
         StoreError::Query {
+            work: self.work,
             query,
             cause: self.target.redactor().redact(&describe(&err)),
+            source: Some(Box::new(err)),
         }
     }
 }
@@ -92,8 +108,53 @@ pub enum BatchFailure {
     Report(std::io::Error),
 }
 
-/// Opens one connection with the sweeper's session settings.
-pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
+/// Opens a batch's transaction.
+pub async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, BatchFailure> {
+    conn.begin()
+        .await
+        .map_err(|e| BatchFailure::Query("BEGIN", e))
+}
+
+/// Reports a batch's rows (their lines written and flushed) and only then
+/// commits: the order that makes "at least once, never lost". A failed report
+/// drops the transaction, which rolls the batch back.
+pub async fn report_then_commit<T>(
+    tx: Transaction<'_, Postgres>,
+    rows: &[T],
+    report: Report<'_, T>,
+) -> Result<(), BatchFailure> {
+    if !rows.is_empty() {
+        report(rows).map_err(BatchFailure::Report)?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| BatchFailure::Query("COMMIT", e))
+}
+
+/// A connection that could not be opened: where to, and why (no secret).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)")]
+pub struct ConnectError {
+    target: String,
+    cause: String,
+    #[source]
+    source: Option<sqlx::Error>,
+}
+
+impl ConnectError {
+    /// The same failure as a service's store error.
+    pub fn for_work(self, work: Work) -> StoreError {
+        StoreError::Connect {
+            work,
+            target: self.target,
+            cause: self.cause,
+            source: self.source.map(|e| Box::new(e) as _),
+        }
+    }
+}
+
+/// Opens one connection with the services' session settings.
+pub async fn connect(target: &DbTarget) -> Result<PgConnection, ConnectError> {
     let options = target.options().clone().options([
         ("statement_timeout", STATEMENT_TIMEOUT_MS),
         (
@@ -101,24 +162,19 @@ pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
             IDLE_IN_TRANSACTION_TIMEOUT_MS,
         ),
     ]);
-    let failed = |cause: String| StoreError::Connect {
+    let failed = |cause: String, source: Option<sqlx::Error>| ConnectError {
         target: target.display().to_owned(),
         cause: target.redactor().redact(&cause),
+        source,
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(failed(describe(&e))),
-        Err(_) => Err(failed(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
+        Ok(Err(e)) => Err(failed(describe(&e), Some(e))),
+        Err(_) => Err(failed(
+            format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+            None,
+        )),
     }
-}
-
-/// Applies the bundled migrations; safe to run again and from several
-/// replicas at once (sqlx takes an advisory lock).
-pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(conn).await
 }
 
 /// A one-line description of a database error with its underlying cause

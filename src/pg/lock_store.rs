@@ -4,16 +4,16 @@
 //! never lost" is made: delete with RETURNING, report the rows (the caller
 //! writes and flushes their lines), and only then commit. A failed report or
 //! a dropped connection rolls the batch back, so the rows stay for the next
-//! sweep. The statements themselves are in `queries::locks`.
-
-use sqlx::Connection as _;
+//! sweep. The statements themselves are in `lock_entry`; when to sweep and
+//! what to log are the lock sweeper's (`sweep::lock_sweeper`).
 
 use crate::config::DbTarget;
-use crate::db::{BatchFailure, Db};
-use crate::queries::locks;
-use crate::store::{ExpiredLease, LockStore, StoreError};
+use crate::model::ExpiredLease;
+use crate::pg::conn::{self, BatchFailure, Db};
+use crate::pg::lock_entry as locks;
+use crate::store::{LockStore, StoreError, Work};
 
-type Report<'a> = &'a mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send);
+type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
 pub struct PgLockStore {
     db: Db,
@@ -25,7 +25,7 @@ pub struct PgLockStore {
 
 /// Which of the two deleting statements a batch runs.
 #[derive(Clone, Copy)]
-enum Batch {
+enum Reap {
     Expired,
     Takeovers,
 }
@@ -33,14 +33,14 @@ enum Batch {
 impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
-            db: Db::new(target),
+            db: Db::new(target, Work::LockLeases),
             resume_after_millis: 0,
         }
     }
 
     async fn batch(
         &mut self,
-        kind: Batch,
+        kind: Reap,
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
@@ -51,7 +51,7 @@ impl PgLockStore {
         self.resume_after_millis = 0;
         match batch_in_tx(conn, kind, limit, after, report).await {
             Ok((n, newest)) => {
-                if matches!(kind, Batch::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
+                if matches!(kind, Reap::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
                     self.resume_after_millis = newest.unwrap_or(0);
                 }
                 Ok(n)
@@ -61,33 +61,25 @@ impl PgLockStore {
     }
 }
 
-/// Delete, report, commit: the order that makes a line precede its commit.
-/// Any early return drops the transaction, which rolls it back.
+/// Delete (or drain), report, commit; returns how many and the newest
+/// deadline among them.
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
-    kind: Batch,
+    kind: Reap,
     limit: i32,
     after_millis: i64,
     report: Report<'_>,
 ) -> Result<(usize, Option<i64>), BatchFailure> {
-    let mut tx = conn
-        .begin()
-        .await
-        .map_err(|e| BatchFailure::Query("BEGIN", e))?;
+    let mut tx = conn::begin(conn).await?;
     let leases = match kind {
-        Batch::Expired => locks::reap_expired(&mut tx, limit, after_millis)
+        Reap::Expired => locks::reap_expired(&mut tx, limit, after_millis)
             .await
-            .map_err(|e| BatchFailure::Query("reap_expired", e))?,
-        Batch::Takeovers => locks::drain_takeovers(&mut tx, limit)
+            .map_err(|e| BatchFailure::Query("lock_reap_expired", e))?,
+        Reap::Takeovers => locks::drain_takeovers(&mut tx, limit)
             .await
-            .map_err(|e| BatchFailure::Query("drain_takeovers", e))?,
+            .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?,
     };
-    if !leases.is_empty() {
-        report(&leases).map_err(BatchFailure::Report)?;
-    }
-    tx.commit()
-        .await
-        .map_err(|e| BatchFailure::Query("COMMIT", e))?;
+    conn::report_then_commit(tx, &leases, report).await?;
     let newest = leases.iter().map(|l| l.expired_at_millis).max();
     Ok((leases.len(), newest))
 }
@@ -102,7 +94,7 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Batch::Expired, limit, report).await
+        self.batch(Reap::Expired, limit, report).await
     }
 
     async fn drain_takeovers(
@@ -110,14 +102,14 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Batch::Takeovers, limit, report).await
+        self.batch(Reap::Takeovers, limit, report).await
     }
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {
         let conn = self.db.conn().await?;
         match locks::count_held(conn).await {
             Ok(n) => Ok(n),
-            Err(e) => Err(self.db.query_failed("count_held", e)),
+            Err(e) => Err(self.db.query_failed("count(*) FROM lock_entry", e)),
         }
     }
 }

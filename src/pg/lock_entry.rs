@@ -1,8 +1,14 @@
-//! Statements on `lock_entry` and `lock_expiry_outbox`.
+//! Statements on `lock_entry` and `lock_expiry_outbox`, and the rows they
+//! return.
+//!
+//! Owns the statement texts (literals calling the SECURITY DEFINER functions
+//! in `migrations/`) and decoding their rows into `ExpiredLease`. It owns no
+//! transactions, retries or logging: `lock_store` runs these inside the
+//! batch transaction.
 
 use sqlx::PgConnection;
 
-use crate::store::{ExpiredLease, ReapedBy};
+use crate::model::{ExpiredLease, ReapedBy};
 
 /// Deletes up to `$1` expired leases, oldest deadline first, and returns them.
 ///

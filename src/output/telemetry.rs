@@ -17,7 +17,7 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::logfmt::push_pair;
+use crate::output::logfmt::push_pair;
 
 /// Used when `RUST_LOG` is unset: operational events at INFO, and sqlx's
 /// per-statement DEBUG lines off (they would log every sweep's query).

@@ -284,7 +284,7 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
 async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
     let what = format!("connect {}", db.display());
     let started = Instant::now();
-    let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, crate::db::connect(db)).await {
+    let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, crate::pg::conn::connect(db)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             return Err(Line::fail(
@@ -329,7 +329,7 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
         }
         Err(e) => Err(Line::fail(
             what,
-            db.redactor().redact(&crate::db::describe(&e)),
+            db.redactor().redact(&crate::pg::conn::describe(&e)),
         )),
     }
 }
@@ -354,7 +354,7 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
 }
 
 fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
-    Line::fail(what, redactor.redact(&crate::db::describe(err)))
+    Line::fail(what, redactor.redact(&crate::pg::conn::describe(err)))
 }
 
 /// Compares the database's `_sqlx_migrations` with the migrations built in.
@@ -389,7 +389,7 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
                 return line;
             }
         };
-    let built: Vec<_> = crate::db::MIGRATOR
+    let built: Vec<_> = crate::pg::migrate::MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
         .collect();

@@ -1,51 +1,38 @@
-//! The sweep: one pass (`sweep_once`) and the loop around it (`run`).
+//! The lock sweeper: one pass reaps expired lock leases and recorded
+//! takeovers, batch by batch, and reports the held-lease gauge.
 //!
-//! `sweep_once` reaps expired leases batch by batch until a short batch (so one
-//! pass drains any backlog while no transaction holds more than one batch),
-//! drains recorded takeovers the same way, and reports the held-lease gauge.
-//! It returns counts and leaves timing to the loop. `run` owns the fixed delay,
-//! cancellation and error logging: a failed sweep is logged at ERROR and the
-//! next one still runs. This module knows no SQL and no backend; it talks to a
+//! Owns the lock-expiry signal's pass: each batch's `lease_expired` lines go
+//! out (through `output::events`) before its transaction commits, and its
+//! `lock.lease.expired` count is flushed with it, so a long drain never holds
+//! committed counts. It returns counts and leaves timing, shutdown and error
+//! logging to `sweep::run`. It knows no SQL and no backend: it talks to a
 //! `LockStore`.
 
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::info;
 
-use crate::events::EventLog;
-use crate::jobs::JobReaper;
-use crate::metrics::Metrics;
-use crate::store::{ExpiredLease, LockStore, StoreError};
-
-/// Pause between the end of one sweep and the start of the next. A fixed
-/// delay, not a rate: sweeps never overlap. One second keeps `overdueMillis`
-/// meaningful for the shortest lease the lock server grants (it must be at
-/// most a quarter of the shortest TTL).
-pub const SWEEP_DELAY: Duration = Duration::from_secs(1);
+use crate::model::ExpiredLease;
+use crate::output::events::EventLog;
+use crate::output::metrics::Metrics;
+use crate::store::{LockStore, StoreError};
+use crate::sweep::{Drain, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes. Bounds the row locks a sweeper holds,
 /// the lines buffered before a commit and the memory of a backlog drain; see
 /// docs/performance.md for how it was chosen: with resumed batches, 5,000
 /// drains 1,000,000 leases as fast as 20,000 or 50,000 do (within the noise
-/// of this 2-core machine) at 7.6 MiB peak RSS instead of 15 or 28 MiB.
+/// of a 2-core machine) at 7.6 MiB peak RSS instead of 15 or 28 MiB.
 pub const BATCH_SIZE: usize = 5_000;
 
 /// How often the `lock.held.current` gauge is recounted. The count is a
-/// full scan of `lock_entry` (12 ms of database time per sweep at 100,000
-/// leases, ~100 ms at 1,000,000; docs/performance.md), and StatsD pipelines
-/// flush gauges every 10 s, so a fresher count is never seen. Between
-/// recounts the gauge is the last count less what this replica deleted since,
-/// re-sent after every sweep, so it never goes silent.
+/// full scan of `lock_entry` (12 ms of database time at 100,000 leases,
+/// ~100 ms at 1,000,000; docs/performance.md), and StatsD pipelines flush
+/// gauges every 10 s, so a fresher count is never seen. Between recounts the
+/// gauge is the last count less what this replica deleted since, re-sent
+/// after every sweep, so it never goes silent.
 pub const HELD_COUNT_INTERVAL: Duration = Duration::from_secs(10);
-
-/// After a shutdown signal, how long a sweep in flight may take to finish its
-/// batch before it is abandoned (its transaction then rolls back, so its
-/// leases are reported again by the next sweeper: at least once).
-pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
-
-/// While the same error persists, it is logged again at most this often.
-pub const ERROR_REPEAT: Duration = Duration::from_secs(60);
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -62,46 +49,26 @@ pub struct SweepOutcome {
     pub interrupted: bool,
 }
 
-/// One sweeper replica's loop state.
-pub struct Sweeper<S: LockStore> {
+/// The lock-lease service.
+pub struct LockSweeper<S: LockStore> {
     store: S,
-    jobs: Option<JobReaper>,
     events: EventLog,
     metrics: Metrics,
-    lock_errors: ErrorLog,
-    job_errors: ErrorLog,
-    on_sweep: Option<Box<dyn FnMut() + Send>>,
     /// The last held-lease count and when it was taken.
     held: Option<(i64, Instant)>,
 }
 
-impl<S: LockStore> Sweeper<S> {
+impl<S: LockStore> LockSweeper<S> {
     pub fn new(store: S, events: EventLog, metrics: Metrics) -> Self {
         Self {
             store,
-            jobs: None,
             events,
             metrics,
-            lock_errors: ErrorLog::new("sweep"),
-            job_errors: ErrorLog::new("job_reap"),
-            on_sweep: None,
             held: None,
         }
     }
 
-    /// Also reap stale job leases on every sweep (when the gates allow).
-    pub fn with_jobs(mut self, jobs: JobReaper) -> Self {
-        self.jobs = Some(jobs);
-        self
-    }
-
-    /// Called after every sweep, failed or not: the systemd watchdog ping.
-    pub fn on_sweep(mut self, hook: impl FnMut() + Send + 'static) -> Self {
-        self.on_sweep = Some(Box::new(hook));
-        self
-    }
-
-    /// One pass: drain expired leases and takeovers, batch by batch, then
+    /// One pass: drain expired leases, then takeovers, batch by batch, then
     /// report the gauge. Stops between batches once `cancel` fires.
     pub async fn sweep_once(
         &mut self,
@@ -110,11 +77,8 @@ impl<S: LockStore> Sweeper<S> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
         for takeovers in [false, true] {
-            loop {
-                if cancel.is_cancelled() {
-                    outcome.interrupted = true;
-                    return Ok(outcome);
-                }
+            let mut drain = Drain::new(BATCH_SIZE);
+            while drain.go_on(cancel) {
                 let events = &mut self.events;
                 let mut report = |leases: &[ExpiredLease]| events.lease_expired(backend, leases);
                 let n = if takeovers {
@@ -122,22 +86,23 @@ impl<S: LockStore> Sweeper<S> {
                 } else {
                     self.store.reap_expired(BATCH_SIZE, &mut report).await?
                 };
-                if n == 0 {
-                    break;
-                }
-                outcome.batches += 1;
+                drain.took(n);
                 if takeovers {
                     outcome.taken_over += n as u64;
                 } else {
                     outcome.swept += n as u64;
                 }
-                self.metrics.lease_expired(backend, n as u64);
-                // A long drain must not hold committed counts until it ends
-                // (a crash would lose them): send them with their batch.
-                self.metrics.flush().await;
-                if n < BATCH_SIZE {
-                    break;
+                if n > 0 {
+                    self.metrics.lease_expired(backend, n as u64);
+                    // A long drain must not hold committed counts until it
+                    // ends (a crash would lose them): send them with their batch.
+                    self.metrics.flush().await;
                 }
+            }
+            outcome.batches += drain.batches;
+            if drain.interrupted {
+                outcome.interrupted = true;
+                return Ok(outcome);
             }
         }
         let held = match self.held {
@@ -157,128 +122,24 @@ impl<S: LockStore> Sweeper<S> {
         outcome.held = Some(held);
         Ok(outcome)
     }
+}
 
-    /// Sweeps every `SWEEP_DELAY` until `shutdown` fires, then finishes (or,
-    /// after `DRAIN_GRACE`, abandons) the batch in flight and flushes metrics.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+impl<S: LockStore> Service for LockSweeper<S> {
+    type Outcome = SweepOutcome;
+    const NAME: &'static str = "sweeper";
+    const WORK: &'static str = "sweep";
+
+    fn log_started(&self) {
         info!(
             backend = self.store.backend_id(),
             delayMillis = SWEEP_DELAY.as_millis() as u64,
             batchSize = BATCH_SIZE,
-            jobs = self.jobs.is_some(),
             "sweeper_started"
         );
-        loop {
-            let abandon = async {
-                shutdown.cancelled().await;
-                tokio::time::sleep(DRAIN_GRACE).await;
-            };
-            tokio::select! {
-                () = self.sweep_all(&shutdown) => {}
-                () = abandon => {
-                    warn!(graceMillis = DRAIN_GRACE.as_millis() as u64, "sweep_abandoned_at_shutdown");
-                    break;
-                }
-            }
-            self.metrics.flush().await;
-            if let Some(hook) = self.on_sweep.as_mut() {
-                hook();
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(SWEEP_DELAY) => {}
-            }
-        }
-        self.metrics.flush().await;
-        info!("sweeper_stopped");
     }
 
-    /// The lock sweep, then the job reaper, each logging its own errors; a
-    /// failure of one does not skip the other.
-    async fn sweep_all(&mut self, cancel: &CancellationToken) {
-        match self.sweep_once(cancel).await {
-            Ok(outcome) => {
-                self.lock_errors.succeeded();
-                debug!(
-                    swept = outcome.swept,
-                    takenOver = outcome.taken_over,
-                    batches = outcome.batches,
-                    held = outcome.held.unwrap_or(-1),
-                    "sweep_done"
-                );
-            }
-            Err(e) => self.lock_errors.failed(&e),
-        }
-        if let Some(jobs) = self.jobs.as_mut() {
-            if cancel.is_cancelled() {
-                return;
-            }
-            match jobs
-                .reap_once(&mut self.events, &self.metrics, cancel)
-                .await
-            {
-                Ok(_) => self.job_errors.succeeded(),
-                Err(e) => self.job_errors.failed(&e),
-            }
-        }
-    }
-}
-
-/// Logs a persistent error once, again every `ERROR_REPEAT`, and once more
-/// when it clears: a database that is down must not flood the log.
-struct ErrorLog {
-    /// `sweep` or `job_reap`: the events are `<what>_failed` / `<what>_recovered`.
-    what: &'static str,
-    current: Option<String>,
-    since: Option<Instant>,
-    last_logged: Option<Instant>,
-    failures: u64,
-}
-
-impl ErrorLog {
-    fn new(what: &'static str) -> Self {
-        Self {
-            what,
-            current: None,
-            since: None,
-            last_logged: None,
-            failures: 0,
-        }
-    }
-
-    fn failed(&mut self, err: &StoreError) {
-        let message = err.to_string();
-        let now = Instant::now();
-        self.failures += 1;
-        let changed = self.current.as_deref() != Some(message.as_str());
-        let due = self
-            .last_logged
-            .is_none_or(|t| now.duration_since(t) >= ERROR_REPEAT);
-        if changed || due {
-            error!(error = %message, failedSweeps = self.failures, "{}_failed", self.what);
-            self.last_logged = Some(now);
-        }
-        if self.since.is_none() {
-            self.since = Some(now);
-        }
-        self.current = Some(message);
-    }
-
-    fn succeeded(&mut self) {
-        if self.current.take().is_some() {
-            let down = self
-                .since
-                .map(|t| t.elapsed().as_millis() as u64)
-                .unwrap_or(0);
-            info!(
-                failedSweeps = self.failures,
-                downMillis = down,
-                "{}_recovered",
-                self.what
-            );
-        }
-        *self = Self::new(self.what);
+    async fn pass(&mut self, cancel: &CancellationToken) -> Result<SweepOutcome, StoreError> {
+        self.sweep_once(cancel).await
     }
 }
 
@@ -289,7 +150,9 @@ mod tests {
 
     use super::*;
     use crate::config::StatsdTarget;
-    use crate::store::ReapedBy;
+    use crate::model::ReapedBy;
+    use crate::progress::Progress;
+    use crate::store::Work;
 
     /// What the stub's next `reap_expired` call does.
     enum Step {
@@ -351,8 +214,10 @@ mod tests {
                 Step::Reap(n) => n,
                 Step::Fail => {
                     return Err(StoreError::Query {
+                        work: Work::LockLeases,
                         query: "reap_expired",
                         cause: "boom".into(),
+                        source: None,
                     });
                 }
                 Step::ReapThenCancel(n, token) => {
@@ -361,7 +226,10 @@ mod tests {
                 }
             };
             assert!(n <= limit);
-            report(&leases(n)).map_err(StoreError::Report)?;
+            report(&leases(n)).map_err(|source| StoreError::Report {
+                work: Work::LockLeases,
+                source,
+            })?;
             Ok(n)
         }
 
@@ -378,14 +246,14 @@ mod tests {
         }
     }
 
-    fn sweeper(stub: &Stub) -> (Sweeper<Stub>, crate::events::MemoryLog) {
+    fn sweeper(stub: &Stub) -> (LockSweeper<Stub>, crate::output::events::MemoryLog) {
         let (log, lines) = EventLog::in_memory();
         // Port 9 (discard) on loopback: metrics are not what these tests check.
         let metrics = Metrics::new(StatsdTarget {
             host: "127.0.0.1".into(),
             port: 9,
         });
-        (Sweeper::new(stub.clone(), log, metrics), lines)
+        (LockSweeper::new(stub.clone(), log, metrics), lines)
     }
 
     #[tokio::test]
@@ -432,7 +300,12 @@ mod tests {
         let stub = Stub::new(vec![Step::Fail, Step::Reap(2)]);
         let (sweeper, lines) = sweeper(&stub);
         let token = CancellationToken::new();
-        let task = tokio::spawn(sweeper.run(token.clone()));
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let beat = Progress::new(1).beat(0);
+        let task = tokio::spawn(crate::sweep::run(sweeper, metrics, beat, token.clone()));
 
         let deadline = Instant::now() + Duration::from_secs(10);
         while lines.lines().len() < 2 {
@@ -466,13 +339,13 @@ mod tests {
             port: 9,
         });
         let mut sweeper =
-            Sweeper::new(stub.clone(), EventLog::to_writer(Box::new(Broken)), metrics);
+            LockSweeper::new(stub.clone(), EventLog::to_writer(Box::new(Broken)), metrics);
 
         let err = sweeper
             .sweep_once(&CancellationToken::new())
             .await
             .unwrap_err();
 
-        assert!(matches!(err, StoreError::Report(_)), "{err}");
+        assert!(matches!(err, StoreError::Report { .. }), "{err}");
     }
 }

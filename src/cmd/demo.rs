@@ -39,11 +39,11 @@ pub async fn run() -> anyhow::Result<()> {
     let mut conn = PgConnection::connect(&url)
         .await
         .context("connecting to the throwaway PostgreSQL")?;
-    crate::db::migrate(&mut conn)
+    crate::pg::migrate::migrate(&mut conn)
         .await
         .context("migrating the throwaway database")?;
     info!(
-        migrations = crate::db::MIGRATOR.iter().count(),
+        migrations = crate::pg::migrate::MIGRATOR.iter().count(),
         "demo_migrated"
     );
 
@@ -155,7 +155,7 @@ pub async fn run() -> anyhow::Result<()> {
     // the next sweep reaps: one retry with backoff, one dead letter.
     // (The lock server keeps renewing its live lease all the while.)
     renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
-    let preview = crate::queries::jobs::dry_run(&mut conn, 10).await?;
+    let preview = crate::pg::job_queue::dry_run(&mut conn, 10).await?;
     info!(dryRun = %preview, "demo_job_dry_run");
     set_gate(&mut conn, "queue.lease.reaper_dry_run_only", "false").await?;
     loop {
@@ -232,7 +232,7 @@ pub async fn run() -> anyhow::Result<()> {
 
 /// Changes a queue setting the way an operator does: through the audited setter.
 async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) -> anyhow::Result<()> {
-    crate::queries::jobs::set_gate(conn, key, value, DEMO_OPERATOR)
+    crate::pg::job_queue::set_gate(conn, key, value, DEMO_OPERATOR)
         .await
         .with_context(|| format!("setting {key}={value}"))?;
     info!(key, value, actor = DEMO_OPERATOR, "demo_gate_set");

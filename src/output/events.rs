@@ -10,8 +10,8 @@
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
-use crate::logfmt::push_pair;
-use crate::store::{ExpiredLease, ReapedBy};
+use crate::model::ExpiredLease;
+use crate::output::logfmt::push_pair;
 
 /// Where signal lines go: stdout in the daemon, a shared buffer in tests.
 pub struct EventLog {
@@ -42,7 +42,7 @@ impl EventLog {
     /// returning; an error means the caller must not commit the batch.
     pub fn lease_expired(&mut self, backend: &str, leases: &[ExpiredLease]) -> io::Result<()> {
         self.buf.clear();
-        let ts = crate::telemetry::timestamp_now();
+        let ts = crate::output::telemetry::timestamp_now();
         let line = &mut self.buf;
         for lease in leases {
             push_pair(line, "ts", &ts);
@@ -71,7 +71,7 @@ impl EventLog {
         I: IntoIterator<Item = Vec<(&'a str, String)>>,
     {
         self.buf.clear();
-        let ts = crate::telemetry::timestamp_now();
+        let ts = crate::output::telemetry::timestamp_now();
         let line = &mut self.buf;
         for pairs in rows {
             push_pair(line, "ts", &ts);
@@ -91,15 +91,6 @@ impl EventLog {
         }
         self.out.write_all(self.buf.as_bytes())?;
         self.out.flush()
-    }
-}
-
-impl ReapedBy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReapedBy::Sweep => "sweep",
-            ReapedBy::Takeover => "takeover",
-        }
     }
 }
 

@@ -18,7 +18,7 @@ use tracing::{error, info};
 
 use crate::cli::{GatesArgs, GatesCommand, JobsCommand};
 use crate::config::DbTarget;
-use crate::queries::jobs as q;
+use crate::pg::job_queue as q;
 
 /// Exit status of a refused apply or a rejected setting (SPEC §2: 1 is a
 /// runtime failure; the JSON on stdout says why).
@@ -114,12 +114,12 @@ pub async fn run_gates(
 
 async fn open(target: &DbTarget) -> anyhow::Result<PgConnection> {
     // StoreError's text is already redacted and names the target safely.
-    Ok(crate::db::connect(target).await?)
+    Ok(crate::pg::conn::connect(target).await?)
 }
 
 /// A database error as an `anyhow` error, its text scrubbed of secrets.
 fn db_error(target: &DbTarget, what: &str, err: &sqlx::Error) -> anyhow::Error {
-    let cause = target.redactor().redact(&crate::db::describe(err));
+    let cause = target.redactor().redact(&crate::pg::conn::describe(err));
     anyhow::anyhow!("{what} on {} failed: {cause}", target.display())
 }
 

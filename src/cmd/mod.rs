@@ -1,0 +1,67 @@
+//! The subcommands, one module each, and what they share: dispatch, where
+//! they log, this host's name, and the exit status.
+//!
+//! Errors leave as `anyhow` with context for `main` to report once; a
+//! `ConfigError` anywhere in the chain means exit 2.
+
+pub mod check;
+pub mod demo;
+pub mod jobs;
+pub mod migrate;
+pub mod run;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command};
+
+/// Runs one parsed command line to completion.
+pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run => run::run().await.map(|()| ExitCode::SUCCESS),
+        Command::Migrate => migrate::run().await.map(|()| ExitCode::SUCCESS),
+        Command::Demo => demo::run().await.map(|()| ExitCode::SUCCESS),
+        Command::Check => check::run().await,
+        Command::Jobs(cmd) => jobs::jobs(cmd).await,
+        Command::Gates(args) => jobs::gates(args).await,
+    }
+}
+
+/// The daemon and the demo log to stdout; one-shot commands keep stdout for
+/// their result and log to stderr.
+pub fn log_output(command: &Command) -> crate::output::telemetry::Output {
+    match command {
+        Command::Run | Command::Demo => crate::output::telemetry::Output::Stdout,
+        _ => crate::output::telemetry::Output::Stderr,
+    }
+}
+
+/// This host's name, for the job reaper's actor (`lease-sweeper@<host>`).
+///
+/// gethostname(2) rather than /proc: systemd's `ProcSubset=pid` hides
+/// /proc/sys, and a container may not mount it at all.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    (rc == 0)
+        .then(|| {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            String::from_utf8_lossy(&buf[..end]).trim().to_owned()
+        })
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".to_owned())
+}
+
+/// Exit status for an error that reached `main`: 2 for configuration, else 1.
+pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
+    let config = err.chain().any(|cause| {
+        cause.is::<crate::config::ConfigError>()
+            || cause.is::<crate::output::telemetry::FilterError>()
+    });
+    if config {
+        ExitCode::from(2)
+    } else {
+        ExitCode::from(1)
+    }
+}

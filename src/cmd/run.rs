@@ -1,0 +1,72 @@
+//! `lease-sweeper run`: the daemon.
+//!
+//! Owns wiring the two services to their connections, the signal lines,
+//! StatsD, systemd and the shutdown signal, then waiting for both loops to
+//! stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
+
+use anyhow::Context as _;
+use tracing::info;
+
+use crate::config::{DbTarget, StatsdTarget};
+use crate::output::events::EventLog;
+use crate::output::metrics::Metrics;
+use crate::pg::job_queue::PgJobQueue;
+use crate::pg::lock_store::PgLockStore;
+use crate::progress::Progress;
+use crate::sweep::job_reaper::JobReaper;
+use crate::sweep::lock_sweeper::LockSweeper;
+
+/// The progress slot of each loop; the lock sweeper's first pass is "ready".
+const LOCK_LOOP: usize = 0;
+const JOB_LOOP: usize = 1;
+const LOOPS: usize = 2;
+
+/// The daemon: both services until SIGTERM/SIGINT.
+pub async fn run() -> anyhow::Result<()> {
+    let db = DbTarget::from_env()?;
+    let statsd = StatsdTarget::from_env()?;
+    let shutdown =
+        crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        database = db.display(),
+        statsd = %statsd,
+        "starting"
+    );
+    let actor = format!("lease-sweeper@{}", super::hostname());
+    let metrics = Metrics::new(statsd);
+    let progress = Progress::new(LOOPS);
+    // systemd: READY=1 after the first lock sweep, WATCHDOG=1 while every
+    // loop moves, STOPPING=1 on the signal.
+    let notifier = crate::notify::Notifier::from_env();
+    notifier.follow(progress.watch(), LOCK_LOOP, shutdown.clone());
+
+    let locks = LockSweeper::new(
+        PgLockStore::new(db.clone()),
+        EventLog::stdout(),
+        metrics.clone(),
+    );
+    let jobs = JobReaper::new(
+        PgJobQueue::new(db),
+        EventLog::stdout(),
+        metrics.clone(),
+        actor,
+    );
+    tokio::join!(
+        crate::sweep::run(
+            locks,
+            metrics.clone(),
+            progress.beat(LOCK_LOOP),
+            shutdown.clone()
+        ),
+        crate::sweep::run(
+            jobs,
+            metrics.clone(),
+            progress.beat(JOB_LOOP),
+            shutdown.clone()
+        ),
+    );
+    notifier.stopping();
+    metrics.flush().await;
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The records the services pass around: reaped lock leases and the job
+//! reaper's reports, as plain data.
+//!
+//! Owns the shapes and their stable spellings (`ReapedBy::as_str`, the job
+//! action names) and nothing else: it imports nothing of this crate, so every
+//! layer (PostgreSQL, services, output, commands) may use it without an import
+//! ever pointing back up. How a record is read (`pg`), written (`output`) or
+//! acted on (`sweep`) lives with those layers.
+
+use serde::Deserialize;
+
+/// One lease that reached its deadline while still held.
+///
+/// `lock_key` + `token` is the dedupe key: after a crash between writing a
+/// batch's lines and committing it, the same pair can be reported again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredLease {
+    pub lock_key: String,
+    pub owner_id: String,
+    pub token: i64,
+    /// The lease's deadline, in milliseconds since the Unix epoch.
+    pub expired_at_millis: i64,
+    /// How long past its deadline the lease was when it was reaped (sweep) or
+    /// stolen (takeover), by the database's clock.
+    pub overdue_millis: i64,
+    pub reaped_by: ReapedBy,
+}
+
+/// How an expired lease left the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReapedBy {
+    /// Deleted by a sweeper.
+    Sweep,
+    /// Stolen by a new acquire before any sweeper saw it; recorded by the
+    /// backend at the moment of the steal and drained by a sweeper.
+    Takeover,
+}
+
+impl ReapedBy {
+    /// The `reapedBy` value on a `lease_expired` line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReapedBy::Sweep => "sweep",
+            ReapedBy::Takeover => "takeover",
+        }
+    }
+}
+
+/// Apply's action for a job returned to `retry_waiting`.
+pub const ACTION_RESET: &str = "reset_to_retry_waiting";
+/// Apply's action for a job moved to the dead-letter table.
+pub const ACTION_DEAD_LETTER: &str = "moved_to_dead_letter";
+
+/// `fn_job_reap_stale_leases_apply`'s answer: a refusal or a report.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ApplyReport {
+    pub refused: bool,
+    /// Set on a refusal only.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub reset_count: u64,
+    #[serde(default)]
+    pub dead_letter_count: u64,
+    #[serde(default)]
+    pub actions: Vec<JobAction>,
+}
+
+/// One reaped job, as apply reports it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct JobAction {
+    /// `ACTION_RESET` or `ACTION_DEAD_LETTER`.
+    pub action: String,
+    pub job_id: String,
+    /// Attempts after the bump.
+    pub attempts: i64,
+    pub job_kind: String,
+    pub lease_owner: Option<String>,
+    pub max_attempts: i64,
+    /// How long past `lease_until` the lease was when reaped, by the
+    /// database's clock.
+    pub overdue_millis: i64,
+    /// Resets only.
+    #[serde(default)]
+    pub backoff_sec: Option<i64>,
+    /// Dead-letter moves only.
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetter>,
+}
+
+/// The `dead_letter` object of a move.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DeadLetter {
+    pub dead_letter_id: String,
+}
+
+/// The part of the dry run the daemon reads.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DryRunSummary {
+    pub stale_lease_count: u64,
+}

@@ -1,0 +1,182 @@
+//! The job queue in PostgreSQL: statements on it and its gates, and the
+//! job reaper's connection and apply transaction.
+//!
+//! The statements call the SQL functions in
+//! `migrations/20261129000200_job_queue.sql`, each returning that function's
+//! JSON as text (`::text`), so the crate needs no sqlx JSON feature and the
+//! CLI can print exactly what the database said. `PgJobQueue` runs them for
+//! the job reaper on its own connection, decodes the JSON into `model`'s
+//! shapes and writes an apply batch's lines (through the caller's `report`)
+//! before it commits. The reaping rules (gates, backoff, dead letters) are
+//! SQL's; when to reap and what to log are `sweep::job_reaper`'s.
+
+use sqlx::PgConnection;
+
+use crate::config::DbTarget;
+use crate::model::{ApplyReport, DryRunSummary, JobAction};
+use crate::pg::conn::{self, BatchFailure, Db};
+use crate::store::{Report, StoreError, Work};
+
+/// Why an apply would be refused by the gates right now (`{"reason", "refused"}`),
+/// or NULL when all three allow it. Reads three rows of `queue_setting`.
+pub const GATE_REFUSAL: &str = "SELECT fn_job_reaper_gate_refusal()::text";
+
+/// The read-only dry run: `$1` = limit (1..10000).
+pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
+
+/// The reaping apply: `$1` = actor, `$2` = limit (1..10000). Mutates only when
+/// the gates allow; otherwise returns a refusal and changes nothing.
+pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
+
+/// Every queue setting with who changed it last, plus what the gates say now.
+pub const SHOW_GATES: &str = "
+SELECT jsonb_build_object(
+           'settings', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                            'key', key,
+                                            'value', value,
+                                            'updated_at', updated_at,
+                                            'updated_by', updated_by) ORDER BY key)
+                                   FROM queue_setting), '[]'::jsonb),
+           'apply_allowed', fn_job_reaper_gate_refusal() IS NULL,
+           'apply_refusal', fn_job_reaper_gate_refusal())::text";
+
+/// The audited setter: `$1` = key, `$2` = value, `$3` = actor. Rejects an
+/// unknown key, an ill-typed value or an empty actor with SQLSTATE 22023.
+pub const SET_GATE: &str = "SELECT fn_queue_setting_set($1, $2, $3)::text";
+
+/// SQLSTATE `invalid_parameter_value`: how the setter says "rejected".
+pub const REJECTED_SQLSTATE: &str = "22023";
+
+pub async fn gate_refusal(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(GATE_REFUSAL).fetch_one(conn).await
+}
+
+pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(DRY_RUN)
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+}
+
+pub async fn apply(
+    conn: &mut PgConnection,
+    actor: &str,
+    limit: i32,
+) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(APPLY)
+        .bind(actor)
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+}
+
+pub async fn show_gates(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(SHOW_GATES).fetch_one(conn).await
+}
+
+pub async fn set_gate(
+    conn: &mut PgConnection,
+    key: &str,
+    value: &str,
+    actor: &str,
+) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(SET_GATE)
+        .bind(key)
+        .bind(value)
+        .bind(actor)
+        .fetch_one(conn)
+        .await
+}
+
+/// The dry run is asked for one job only when just the count is wanted:
+/// `stale_lease_count` counts every stale lease whatever the limit.
+const COUNT_DRY_RUN_LIMIT: i32 = 1;
+
+/// One apply call that did not fail.
+pub enum ApplyBatch {
+    /// The gates allowed it; its lines were written and it committed.
+    Applied(ApplyReport),
+    /// The gates closed since they were read; nothing changed.
+    Refused(String),
+}
+
+/// The job reaper's view of the queue, on a connection of its own.
+pub struct PgJobQueue {
+    db: Db,
+}
+
+impl PgJobQueue {
+    pub fn new(target: DbTarget) -> Self {
+        Self {
+            db: Db::new(target, Work::JobQueue),
+        }
+    }
+
+    /// The gates' refusal reason, or `None` when they allow reaping.
+    pub async fn gate_refusal(&mut self) -> Result<Option<String>, StoreError> {
+        const WHAT: &str = "fn_job_reaper_gate_refusal";
+        let conn = self.db.conn().await?;
+        match gate_refusal(conn).await {
+            Ok(None) => Ok(None),
+            Ok(Some(text)) => decode::<ApplyReport>(WHAT, &text)
+                .map(|r| Some(r.reason.unwrap_or(text)))
+                .map_err(|f| self.db.batch_failed(f)),
+            Err(e) => Err(self.db.query_failed(WHAT, e)),
+        }
+    }
+
+    /// Stale job leases right now, by the dry run.
+    pub async fn stale_count(&mut self) -> Result<u64, StoreError> {
+        const WHAT: &str = "fn_job_reap_stale_leases_dry_run";
+        let conn = self.db.conn().await?;
+        match dry_run(conn, COUNT_DRY_RUN_LIMIT).await {
+            Ok(text) => decode::<DryRunSummary>(WHAT, &text)
+                .map(|s| s.stale_lease_count)
+                .map_err(|f| self.db.batch_failed(f)),
+            Err(e) => Err(self.db.query_failed(WHAT, e)),
+        }
+    }
+
+    /// Applies one batch of at most `limit` jobs as `actor`; `report` writes
+    /// its actions' lines before the commit.
+    pub async fn apply_batch(
+        &mut self,
+        actor: &str,
+        limit: i32,
+        report: Report<'_, JobAction>,
+    ) -> Result<ApplyBatch, StoreError> {
+        let conn = self.db.conn().await?;
+        apply_in_tx(conn, actor, limit, report)
+            .await
+            .map_err(|f| self.db.batch_failed(f))
+    }
+}
+
+/// Apply, write and flush the lines, commit. A refusal changes nothing and
+/// its transaction is dropped (rolled back).
+async fn apply_in_tx(
+    conn: &mut PgConnection,
+    actor: &str,
+    limit: i32,
+    report: Report<'_, JobAction>,
+) -> Result<ApplyBatch, BatchFailure> {
+    const WHAT: &str = "fn_job_reap_stale_leases_apply";
+    let mut tx = conn::begin(conn).await?;
+    let text = apply(&mut tx, actor, limit)
+        .await
+        .map_err(|e| BatchFailure::Query(WHAT, e))?;
+    let report_json: ApplyReport = decode(WHAT, &text)?;
+    if report_json.refused {
+        return Ok(ApplyBatch::Refused(report_json.reason.unwrap_or(text)));
+    }
+    conn::report_then_commit(tx, &report_json.actions, report).await?;
+    Ok(ApplyBatch::Applied(report_json))
+}
+
+fn decode<'a, T: serde::Deserialize<'a>>(
+    query: &'static str,
+    text: &'a str,
+) -> Result<T, BatchFailure> {
+    serde_json::from_str(text)
+        .map_err(|e| BatchFailure::Decode(query, format!("unexpected JSON ({e}): {text}")))
+}

@@ -1,0 +1,114 @@
+//! The seam between the services and a database: the `LockStore` trait and
+//! the error every store call returns.
+//!
+//! Owns what a lock backend must do (reap in batches, report before commit,
+//! count) and how a failure is described: which work failed (lock leases or
+//! job queue), which statement, and the cause, without a secret, keeping the
+//! driver's error as the source. It does not own timing, logging or metrics
+//! (`sweep`) nor any SQL (`pg`). An etcd backend would implement the same
+//! trait.
+
+use std::fmt;
+use std::future::Future;
+
+use crate::model::ExpiredLease;
+
+/// Writes a batch's lines and flushes them; an error means "do not commit".
+pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send);
+
+/// What a sweep needs from a lock backend.
+///
+/// Each reaping method handles at most `limit` leases in one transaction and
+/// calls `report` with them *before* committing; if `report` fails the batch
+/// is rolled back and nothing is lost. Several replicas may call these at the
+/// same time: a lease goes to exactly one of them.
+pub trait LockStore: Send {
+    /// The `backend` tag on every line and metric (`pg`, later `etcd`).
+    fn backend_id(&self) -> &'static str;
+
+    /// Deletes up to `limit` leases whose deadline has passed.
+    fn reap_expired(
+        &mut self,
+        limit: usize,
+        report: Report<'_, ExpiredLease>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Drains up to `limit` recorded takeovers of expired leases.
+    fn drain_takeovers(
+        &mut self,
+        limit: usize,
+        report: Report<'_, ExpiredLease>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Leases currently held (for the `lock.held.current` gauge).
+    fn held_count(&mut self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
+
+/// Which database work a failure interrupted: the words an operator reads
+/// first in `sweep_failed` / `job_reap_failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    LockLeases,
+    JobQueue,
+}
+
+impl fmt::Display for Work {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Work::LockLeases => "lock leases",
+            Work::JobQueue => "job queue",
+        })
+    }
+}
+
+/// The driver's error, kept as the source of a `StoreError`. Boxed so this
+/// module does not name the driver.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a store call failed. `Display` names the work, the statement and the
+/// cause (scrubbed of secrets); `source()` is the driver's own error.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{work}: cannot connect to {target}: {cause}")]
+    Connect {
+        work: Work,
+        target: String,
+        cause: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("{work}: `{query}` failed: {cause}")]
+    Query {
+        work: Work,
+        query: &'static str,
+        cause: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("{work}: `{query}` returned what this version cannot read: {cause}")]
+    Decode {
+        work: Work,
+        query: &'static str,
+        cause: String,
+    },
+    #[error(
+        "{work}: writing the signal lines to stdout failed, batch rolled back (nothing lost): {source}"
+    )]
+    Report {
+        work: Work,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    /// The work that failed.
+    pub fn work(&self) -> Work {
+        match self {
+            StoreError::Connect { work, .. }
+            | StoreError::Query { work, .. }
+            | StoreError::Decode { work, .. }
+            | StoreError::Report { work, .. } => *work,
+        }
+    }
+}

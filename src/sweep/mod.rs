@@ -1,0 +1,209 @@
+//! The maintenance services and the one loop that runs each of them.
+//!
+//! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`) knows how
+//! to do one pass and returns what it did; `run` owns everything about time
+//! for all of them: the fixed delay, shutdown, the drain grace, logging a
+//! failed pass once (then every `ERROR_REPEAT`) and its recovery, flushing
+//! StatsD and beating `progress`. Each service runs in its own loop on its
+//! own connection, as River's maintenance services do, so a slow or failing
+//! job reaper never delays a lock sweep, nor the reverse. `Drain` is the
+//! shared rule for a pass that works batch by batch.
+//!
+//! This layer knows no SQL: the lock sweeper talks to a `LockStore`, the job
+//! reaper to `pg::job_queue`. It does not install signal handlers (`shutdown`)
+//! or speak to systemd (`notify`).
+
+pub mod job_reaper;
+pub mod lock_sweeper;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::output::metrics::Metrics;
+use crate::progress::Beat;
+use crate::store::StoreError;
+
+/// Pause between the end of one pass and the start of the next. A fixed
+/// delay, not a rate: passes of one service never overlap. One second keeps
+/// `overdueMillis` meaningful for the shortest lease the lock server grants
+/// (it must be at most a quarter of the shortest TTL).
+pub const SWEEP_DELAY: Duration = Duration::from_secs(1);
+
+/// After a shutdown signal, how long a pass in flight may take to finish its
+/// batch before it is abandoned (its transaction then rolls back, so its rows
+/// are reported again by the next pass: at least once).
+pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// While the same error persists, it is logged again at most this often.
+pub const ERROR_REPEAT: Duration = Duration::from_secs(60);
+
+/// One maintenance service: a pass, and the names its loop logs under.
+pub trait Service: Send {
+    /// What a pass did; logged at DEBUG by the loop.
+    type Outcome: Debug + Send;
+
+    /// The service's own events: `<name>_started`, `<name>_stopped`.
+    const NAME: &'static str;
+    /// Its failure events: `<work>_failed`, `<work>_recovered`,
+    /// `<work>_abandoned_at_shutdown`.
+    const WORK: &'static str;
+
+    /// Logs the service's settings once, when its loop starts.
+    fn log_started(&self);
+
+    /// One pass. Stops between batches once `cancel` fires.
+    fn pass(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<Self::Outcome, StoreError>> + Send;
+}
+
+/// Runs `service` every `SWEEP_DELAY` until `shutdown` fires, then lets the
+/// pass in flight finish (or, after `DRAIN_GRACE`, abandons it) and flushes
+/// `metrics`. `beat` is told after every pass, failed or not.
+pub async fn run<S: Service>(
+    mut service: S,
+    metrics: Metrics,
+    beat: Beat,
+    shutdown: CancellationToken,
+) {
+    service.log_started();
+    let mut errors = ErrorLog::new(S::WORK);
+    loop {
+        let abandon = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+        };
+        tokio::select! {
+            result = service.pass(&shutdown) => match result {
+                Ok(outcome) => {
+                    errors.succeeded();
+                    debug!(outcome = ?outcome, "{}_done", S::WORK);
+                }
+                Err(e) => errors.failed(&e),
+            },
+            () = abandon => {
+                warn!(
+                    graceMillis = DRAIN_GRACE.as_millis() as u64,
+                    "{}_abandoned_at_shutdown",
+                    S::WORK
+                );
+                break;
+            }
+        }
+        metrics.flush().await;
+        beat.beat();
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(SWEEP_DELAY) => {}
+        }
+    }
+    metrics.flush().await;
+    info!("{}_stopped", S::NAME);
+}
+
+/// The rule for a pass that drains batch by batch: go on while batches come
+/// back full and no shutdown was asked for, so one pass drains any backlog
+/// while no transaction holds more than one batch.
+#[derive(Debug)]
+pub struct Drain {
+    limit: usize,
+    more: bool,
+    /// Batches that committed.
+    pub batches: u64,
+    /// The drain stopped early because shutdown was requested.
+    pub interrupted: bool,
+}
+
+impl Drain {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            more: true,
+            batches: 0,
+            interrupted: false,
+        }
+    }
+
+    /// Whether to run another batch.
+    pub fn go_on(&mut self, cancel: &CancellationToken) -> bool {
+        if self.more && cancel.is_cancelled() {
+            self.interrupted = true;
+            self.more = false;
+        }
+        self.more
+    }
+
+    /// A batch handled `n` rows; a short one ends the drain.
+    pub fn took(&mut self, n: usize) {
+        if n > 0 {
+            self.batches += 1;
+        }
+        self.more = n >= self.limit;
+    }
+
+    /// The batches stop here whatever came back (a refusal).
+    pub fn stop(&mut self) {
+        self.more = false;
+    }
+}
+
+/// Logs a persistent error once, again every `ERROR_REPEAT`, and once more
+/// when it clears: a database that is down must not flood the log.
+struct ErrorLog {
+    /// The events are `<work>_failed` / `<work>_recovered`.
+    work: &'static str,
+    current: Option<String>,
+    since: Option<Instant>,
+    last_logged: Option<Instant>,
+    failures: u64,
+}
+
+impl ErrorLog {
+    fn new(work: &'static str) -> Self {
+        Self {
+            work,
+            current: None,
+            since: None,
+            last_logged: None,
+            failures: 0,
+        }
+    }
+
+    fn failed(&mut self, err: &StoreError) {
+        let message = err.to_string();
+        let now = Instant::now();
+        self.failures += 1;
+        let changed = self.current.as_deref() != Some(message.as_str());
+        let due = self
+            .last_logged
+            .is_none_or(|t| now.duration_since(t) >= ERROR_REPEAT);
+        if changed || due {
+            error!(error = %message, failedSweeps = self.failures, "{}_failed", self.work);
+            self.last_logged = Some(now);
+        }
+        self.since.get_or_insert(now);
+        self.current = Some(message);
+    }
+
+    fn succeeded(&mut self) {
+        if self.current.take().is_some() {
+            let down = self
+                .since
+                .map(|t| t.elapsed().as_millis() as u64)
+                .unwrap_or(0);
+            info!(
+                failedSweeps = self.failures,
+                downMillis = down,
+                "{}_recovered",
+                self.work
+            );
+        }
+        *self = Self::new(self.work);
+    }
+}
