@@ -7,6 +7,7 @@ mod faults;
 mod hostile;
 mod jobs;
 mod privilege;
+mod services;
 mod support;
 mod sweep;
 mod systemd;

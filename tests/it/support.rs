@@ -61,7 +61,7 @@ impl TestDb {
     pub async fn new() -> Self {
         let db = Self::empty().await;
         let mut conn = db.connect().await;
-        lease_sweeper::db::migrate(&mut conn)
+        lease_sweeper::pg::migrate::migrate(&mut conn)
             .await
             .expect("migrations apply");
         db
@@ -269,7 +269,7 @@ impl StatsdCapture {
 
 /// Decodes a logfmt line into a map (asserting it decodes at all).
 pub fn fields(line: &str) -> HashMap<String, String> {
-    lease_sweeper::logfmt::decode_line(line)
+    lease_sweeper::output::logfmt::decode_line(line)
         .unwrap_or_else(|| panic!("not a logfmt line: {line:?}"))
         .into_iter()
         .collect()
@@ -371,4 +371,77 @@ impl Daemon {
         tokio::time::sleep(Duration::from_millis(50)).await;
         (status.code(), start.elapsed())
     }
+}
+
+/// The environment of a daemon sweeping `url` and sending StatsD to the
+/// capture on `statsd_port`.
+pub fn daemon_env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("LOCKDB_URL", url),
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", statsd_port),
+    ]
+}
+
+/// The three job-reaper gates.
+pub const SUBSTRATE: &str = "queue.job_substrate.enabled";
+pub const REAPER: &str = "queue.lease.reaper_enabled";
+pub const DRY_ONLY: &str = "queue.lease.reaper_dry_run_only";
+
+/// Sets one queue setting through the audited setter, as an operator would.
+pub async fn set_setting(conn: &mut PgConnection, key: &str, value: &str) {
+    sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test-operator')")
+        .bind(key)
+        .bind(value)
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("setting {key}={value}: {e}"));
+}
+
+/// All three gates in the "reap" position.
+pub async fn open_gates(conn: &mut PgConnection) {
+    set_setting(conn, SUBSTRATE, "true").await;
+    set_setting(conn, REAPER, "true").await;
+    set_setting(conn, DRY_ONLY, "false").await;
+}
+
+/// Lock sweeps seen so far: each one that finishes sends the held gauge.
+pub fn lock_sweeps_seen(statsd: &StatsdCapture) -> usize {
+    statsd
+        .lines()
+        .iter()
+        .filter(|l| l.starts_with("lock.held.current:"))
+        .count()
+}
+
+/// Job-reaper passes seen so far: each one that finishes sends the stale gauge.
+pub fn job_passes_seen(statsd: &StatsdCapture) -> usize {
+    statsd
+        .lines()
+        .iter()
+        .filter(|l| l.starts_with("queue.lease.stale.current:"))
+        .count()
+}
+
+/// Waits until `n` more lock sweeps have finished (a deterministic "let a
+/// few sweeps pass": no fixed sleep).
+pub async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
+    let target = lock_sweeps_seen(statsd) + n;
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{n} more lock sweeps"),
+        || async { lock_sweeps_seen(statsd) >= target },
+    )
+    .await;
+}
+
+/// Waits until `n` more job-reaper passes have finished.
+pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
+    let target = job_passes_seen(statsd) + n;
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{n} more job-reaper passes"),
+        || async { job_passes_seen(statsd) >= target },
+    )
+    .await;
 }

@@ -1,0 +1,102 @@
+//! The two services are independent: a job reaper that cannot make progress
+//! never holds up the lock-expiry signal, and catches up once it can.
+//! Proven with the real binary and a real lock, without timing.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sqlx::Connection as _;
+
+use crate::support::{
+    Daemon, StatsdCapture, TestDb, count, daemon_env, events, insert_expired, insert_stale_jobs,
+    job_passes_seen, open_gates, wait_sweeps, wait_until,
+};
+
+const STALE_JOBS: i64 = 40;
+
+#[tokio::test]
+async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_released() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_stale_jobs(&mut conn, "blocked", STALE_JOBS, 1, 5, 2_000).await;
+    open_gates(&mut conn).await;
+
+    // A long transaction holding job_queue: every apply and dry run waits on it.
+    let mut blocker = db.connect().await;
+    let mut held = blocker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
+    daemon
+        .wait_for_event("sweeper_started", Duration::from_secs(10))
+        .await;
+    insert_expired(&mut conn, "first-", 15, 50).await;
+    wait_until(
+        Duration::from_secs(15),
+        "15 lease_expired lines",
+        || async { events(&daemon.lines(), "lease_expired").len() >= 15 },
+    )
+    .await;
+    // Several more lock sweeps, and more expiries, while the job loop is stuck.
+    wait_sweeps(&statsd, 3).await;
+    insert_expired(&mut conn, "second-", 10, 50).await;
+    wait_until(
+        Duration::from_secs(15),
+        "25 lease_expired lines",
+        || async { events(&daemon.lines(), "lease_expired").len() >= 25 },
+    )
+    .await;
+    assert_eq!(
+        job_passes_seen(&statsd),
+        0,
+        "the job reaper finished a pass through a held table lock"
+    );
+    assert!(events(&daemon.lines(), "job_lease_expired").is_empty());
+    let still_leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
+            .fetch_one(&mut *held)
+            .await
+            .unwrap();
+    assert_eq!(still_leased, STALE_JOBS);
+
+    held.rollback().await.unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the job reaper catching up",
+        || async { events(&daemon.lines(), "job_lease_expired").len() >= STALE_JOBS as usize },
+    )
+    .await;
+
+    daemon.signal(libc::SIGTERM);
+    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0));
+    let lines = daemon.lines();
+    let expired = events(&lines, "lease_expired");
+    let keys: HashSet<_> = expired.iter().map(|e| e["lockKey"].clone()).collect();
+    assert_eq!(
+        (expired.len(), keys.len()),
+        (25, 25),
+        "each lease exactly once"
+    );
+    let jobs = events(&lines, "job_lease_expired");
+    let ids: HashSet<_> = jobs.iter().map(|e| e["jobId"].clone()).collect();
+    assert_eq!(
+        (jobs.len(), ids.len()),
+        (STALE_JOBS as usize, STALE_JOBS as usize)
+    );
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM job_queue WHERE state = 'leased'"
+        )
+        .await,
+        0
+    );
+    assert!(events(&lines, "sweep_failed").is_empty(), "{lines:#?}");
+}
