@@ -32,7 +32,7 @@ impl EventLog {
         }
     }
 
-    /// An in-memory log for tests and the demo; the handle reads what was written.
+    /// An in-memory log for tests; the handle reads what was written.
     pub fn in_memory() -> (Self, MemoryLog) {
         let shared = MemoryLog::default();
         (Self::to_writer(Box::new(shared.clone())), shared)

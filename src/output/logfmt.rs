@@ -68,9 +68,8 @@ fn needs_quotes(value: &str) -> bool {
 
 /// Decodes one logfmt line into its pairs, in order.
 ///
-/// The daemon never reads logfmt; this exists so tests, the demo and
-/// operators' tooling share one reference decoder that follows go-logfmt
-/// (including `\uXXXX` escapes). Returns `None` on a malformed line.
+/// The daemon never reads logfmt; this exists so the tests share one
+/// reference decoder that follows go-logfmt (including `\uXXXX` escapes). Returns `None` on a malformed line.
 pub fn decode_line(line: &str) -> Option<Vec<(String, String)>> {
     let mut pairs = Vec::new();
     let mut chars = line.chars().peekable();

@@ -2,8 +2,9 @@
 //!
 //! Owns the metric contract (names without prefix, DogStatsD tags in a fixed
 //! order, counters sent only when non-zero) and the delivery discipline: lines
-//! are buffered in memory and sent when the sweeper calls `flush` (after every
-//! sweep and at shutdown), never left sitting in a buffer. The target host is
+//! are buffered in memory and sent when a service calls `flush` (after every
+//! committed batch, after every pass and at shutdown), never left sitting in
+//! a buffer. The target host is
 //! resolved at flush time and again after a failure, so a name that does not
 //! resolve yet never stops the daemon. Metrics are best effort; sweeping is
 //! not, so nothing here returns an error to the sweep.
