@@ -5,10 +5,10 @@
 //! `ConfigError` anywhere in the chain means exit 2.
 
 pub mod check;
-pub mod demo;
+mod demo;
 pub mod jobs;
-pub mod migrate;
-pub mod run;
+mod migrate;
+mod run;
 
 use std::process::ExitCode;
 
