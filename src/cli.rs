@@ -166,17 +166,20 @@ DESCRIPTION:
   runs the same apply on every sweep; these commands are for operators.
 
 OUTPUT:
-  The SQL function's JSON on stdout; diagnostics on stderr.
+  A table on stdout: one row per job with what the reaper would do (dry-run) or did
+  (apply), then a summary line. --json prints the SQL function's JSON unchanged instead
+  (for scripts and jq). Diagnostics go to stderr. No colour, terminal or not.
 
 EXAMPLES:
   lease-sweeper jobs dry-run --limit 20
+  lease-sweeper jobs dry-run --json | jq .stale_lease_count
   lease-sweeper jobs apply --actor alice@ops --limit 100
 
 ",
     environment!(),
     "
 EXIT STATUS:
-  0 success, 1 failure or a refused apply (the JSON says why), 2 usage or configuration error
+  0 success, 1 failure or a refused apply (stdout says why), 2 usage or configuration error
 
 SEE ALSO:
   lease-sweeper gates, docs/jobs-operator-guide.md, docs/sql-api.md"
@@ -185,9 +188,10 @@ SEE ALSO:
 const GATES_HELP: &str = concat!(
     "\
 DESCRIPTION:
-  Without a subcommand: prints every queue setting, and whether an apply is allowed now,
-  as JSON. `gates set` changes one setting through the audited setter (who, when, the old
-  and new value are recorded); unknown keys and invalid values are rejected.
+  Without a subcommand: prints every queue setting (its value, who changed it and when)
+  and what an apply would do now, as a table (--json: the JSON). `gates set` changes
+  one setting through the audited setter (who, when, the old and new value are
+  recorded); unknown keys and invalid values are rejected.
   The reaper applies only when queue.job_substrate.enabled=true,
   queue.lease.reaper_enabled=true and queue.lease.reaper_dry_run_only=false.
 
@@ -198,6 +202,7 @@ SETTINGS (defaults):
 
 EXAMPLES:
   lease-sweeper gates
+  lease-sweeper gates --json
   lease-sweeper gates set queue.lease.reaper_enabled true --actor alice@ops
 
 ",
@@ -269,9 +274,9 @@ pub enum Command {
     #[command(after_help = CHECK_HELP)]
     Check,
 
-    /// Inspect or reap stale job leases (prints the SQL functions' JSON).
-    #[command(subcommand, after_help = JOBS_HELP)]
-    Jobs(JobsCommand),
+    /// Inspect or reap stale job leases (a table, or the SQL functions' JSON).
+    #[command(after_help = JOBS_HELP)]
+    Jobs(JobsArgs),
 
     /// Show the queue gates, or change one (audited).
     #[command(after_help = GATES_HELP)]
@@ -314,6 +319,23 @@ pub enum JobsCommand {
 }
 
 #[derive(Debug, Args)]
+pub struct JobsArgs {
+    #[command(subcommand)]
+    pub command: JobsCommand,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// How a one-shot command prints its result.
+#[derive(Debug, Default, Clone, Copy, Args)]
+pub struct OutputArgs {
+    /// Print the SQL function's JSON, unchanged, for scripts (indented on a
+    /// terminal, one line otherwise) instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct LimitArg {
     /// Most jobs to consider (1-10000).
     // allow_negative_numbers: `--limit -1` should get the range message, not
@@ -332,6 +354,8 @@ pub struct LimitArg {
 pub struct GatesArgs {
     #[command(subcommand)]
     pub command: Option<GatesCommand>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Subcommand)]

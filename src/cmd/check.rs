@@ -291,7 +291,7 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
                 what,
                 format!(
                     "{}; check LOCKDB_URL, that the server runs and accepts this host and role",
-                    db.redactor().redact(&e.to_string())
+                    e.cause()
                 ),
             ));
         }

@@ -1,9 +1,10 @@
 //! `lease-sweeper jobs dry-run|apply` and `lease-sweeper gates [set]`: the
 //! operator's hands on the job reaper.
 //!
-//! Owns connecting for one command, calling the SQL function, printing its
-//! JSON on stdout (indented on a terminal, one line otherwise, so scripts can
-//! pipe it to `jq`) and the exit status: 0 when the function did what was
+//! Owns connecting for one command, calling the SQL function, printing the
+//! result on stdout (an aligned table for people; with `--json` the
+//! function's JSON unchanged, indented on a terminal and one line otherwise,
+//! so scripts can pipe it to `jq`) and the exit status: 0 when the function did what was
 //! asked, 1 when it refused (apply with a gate closed, a limit out of range)
 //! or the setter rejected the change. It owns no reaping rules and no SQL
 //! text (`queries::jobs`); diagnostics go to stderr through `tracing`, and no
@@ -13,39 +14,90 @@ use std::io::{self, IsTerminal as _, Write};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use serde_json::Value;
 use sqlx::{Connection as _, PgConnection};
 use tracing::{error, info};
 
-use crate::cli::{GatesArgs, GatesCommand, JobsCommand};
+use crate::cli::{GatesArgs, GatesCommand, JobsArgs, JobsCommand};
 use crate::config::DbTarget;
+use crate::output::table;
 use crate::pg::job_queue as q;
 
 /// Exit status of a refused apply or a rejected setting (SPEC §2: 1 is a
 /// runtime failure; the JSON on stdout says why).
 const EXIT_REFUSED: u8 = 1;
 
+/// How the result is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// An aligned table and a summary line, for people.
+    Table,
+    /// The function's JSON on one line, for pipes.
+    Json,
+    /// The function's JSON indented, for `--json` on a terminal.
+    PrettyJson,
+}
+
+impl Format {
+    fn for_stdout(json: bool) -> Self {
+        match (json, io::stdout().is_terminal()) {
+            (false, _) => Format::Table,
+            (true, false) => Format::Json,
+            (true, true) => Format::PrettyJson,
+        }
+    }
+}
+
 /// `jobs dry-run` / `jobs apply` against the database named by the environment.
-pub async fn jobs(cmd: JobsCommand) -> anyhow::Result<ExitCode> {
+pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let target = DbTarget::from_env()?;
-    let mut out = io::stdout();
-    let pretty = out.is_terminal();
-    run_jobs(&target, cmd, &mut out, pretty).await
+    let format = Format::for_stdout(args.output.json);
+    run_jobs_as(&target, args.command, &mut io::stdout(), format).await
 }
 
 /// `gates` / `gates set` against the database named by the environment.
 pub async fn gates(args: GatesArgs) -> anyhow::Result<ExitCode> {
     let target = DbTarget::from_env()?;
-    let mut out = io::stdout();
-    let pretty = out.is_terminal();
-    run_gates(&target, args, &mut out, pretty).await
+    let format = Format::for_stdout(args.output.json);
+    run_gates_as(&target, args, &mut io::stdout(), format).await
 }
 
-/// `jobs …` against `target`, printing to `out` (the testable core).
+/// `jobs …` printing the JSON to `out`, indented when `pretty`.
 pub async fn run_jobs(
     target: &DbTarget,
     cmd: JobsCommand,
     out: &mut dyn Write,
     pretty: bool,
+) -> anyhow::Result<ExitCode> {
+    run_jobs_as(target, cmd, out, Format::json(pretty)).await
+}
+
+/// `gates …` printing the JSON to `out`, indented when `pretty`.
+pub async fn run_gates(
+    target: &DbTarget,
+    args: GatesArgs,
+    out: &mut dyn Write,
+    pretty: bool,
+) -> anyhow::Result<ExitCode> {
+    run_gates_as(target, args, out, Format::json(pretty)).await
+}
+
+impl Format {
+    fn json(pretty: bool) -> Self {
+        if pretty {
+            Format::PrettyJson
+        } else {
+            Format::Json
+        }
+    }
+}
+
+/// `jobs …` against `target`, printing to `out` (the testable core).
+pub async fn run_jobs_as(
+    target: &DbTarget,
+    cmd: JobsCommand,
+    out: &mut dyn Write,
+    format: Format,
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
     let (what, result) = match &cmd {
@@ -59,7 +111,10 @@ pub async fn run_jobs(
         ),
     };
     let text = result.map_err(|e| db_error(target, what, &e))?;
-    let value = print_json(out, &text, pretty)?;
+    let value = print(out, &text, format, |v| match &cmd {
+        JobsCommand::DryRun(_) => dry_run_table(v),
+        JobsCommand::Apply { .. } => apply_table(v),
+    })?;
     conn.close().await.ok();
     if value.get("refused").and_then(serde_json::Value::as_bool) == Some(true) {
         let reason = value.get("reason").and_then(|r| r.as_str()).unwrap_or("");
@@ -70,11 +125,11 @@ pub async fn run_jobs(
 }
 
 /// `gates …` against `target`, printing to `out` (the testable core).
-pub async fn run_gates(
+pub async fn run_gates_as(
     target: &DbTarget,
     args: GatesArgs,
     out: &mut dyn Write,
-    pretty: bool,
+    format: Format,
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
     let code = match args.command {
@@ -82,13 +137,13 @@ pub async fn run_gates(
             let text = q::show_gates(&mut conn)
                 .await
                 .map_err(|e| db_error(target, "queue_setting", &e))?;
-            print_json(out, &text, pretty)?;
+            print(out, &text, format, gates_table)?;
             ExitCode::SUCCESS
         }
         Some(GatesCommand::Set { key, value, actor }) => {
             match q::set_gate(&mut conn, &key, &value, &actor).await {
                 Ok(text) => {
-                    print_json(out, &text, pretty)?;
+                    print(out, &text, format, setting_table)?;
                     ExitCode::SUCCESS
                 }
                 Err(sqlx::Error::Database(db))
@@ -100,7 +155,7 @@ pub async fn run_gates(
                         "reason": message,
                         "refused": true,
                     });
-                    print_json(out, &refusal.to_string(), pretty)?;
+                    print(out, &refusal.to_string(), format, refusal_table)?;
                     error!(key = %key, reason = %message, "setting_rejected");
                     ExitCode::from(EXIT_REFUSED)
                 }
@@ -123,17 +178,156 @@ fn db_error(target: &DbTarget, what: &str, err: &sqlx::Error) -> anyhow::Error {
     anyhow::anyhow!("{what} on {} failed: {cause}", target.display())
 }
 
-/// Prints the function's JSON: indented for a person, one line for a pipe.
-fn print_json(out: &mut dyn Write, text: &str, pretty: bool) -> anyhow::Result<serde_json::Value> {
-    let value: serde_json::Value = serde_json::from_str(text)
+/// Prints the function's JSON as `format` asks (`table` renders it for a
+/// person) and returns it parsed.
+fn print(
+    out: &mut dyn Write,
+    text: &str,
+    format: Format,
+    table: impl FnOnce(&Value) -> String,
+) -> anyhow::Result<Value> {
+    let value: Value = serde_json::from_str(text)
         .with_context(|| format!("the database returned non-JSON: {text}"))?;
-    let rendered = if pretty {
-        serde_json::to_string_pretty(&value)?
-    } else {
-        serde_json::to_string(&value)?
+    let rendered = match format {
+        Format::Table => table(&value),
+        Format::Json => serde_json::to_string(&value)? + "\n",
+        Format::PrettyJson => serde_json::to_string_pretty(&value)? + "\n",
     };
-    writeln!(out, "{rendered}")
+    out.write_all(rendered.as_bytes())
         .and_then(|()| out.flush())
         .context("writing the result to stdout")?;
     Ok(value)
+}
+
+/// A JSON field as a cell: strings bare, null as `-`, the rest as JSON.
+fn cell(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        None | Some(Value::Null) => "-".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// `2026-11-30T09:37:41.115685+00:00` as `2026-11-30 09:37:41+00:00`: a
+/// person reads seconds; the offset stays so the zone is never guessed.
+fn short_time(ts: &str) -> String {
+    match (ts.get(..19), ts.rfind(['+', '-']).filter(|&i| i > 19)) {
+        (Some(head), Some(zone)) => format!("{} {}{}", &head[..10], &head[11..], &ts[zone..]),
+        _ => ts.to_owned(),
+    }
+}
+
+/// A refusal (gates closed, limit out of range, setting rejected).
+fn refusal_table(v: &Value) -> String {
+    format!("refused: {}\n", table::printable(&cell(v, "reason")))
+}
+
+fn gates_table(v: &Value) -> String {
+    let empty = Vec::new();
+    let rows: Vec<Vec<String>> = v["settings"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|s| {
+            vec![
+                cell(s, "key"),
+                cell(s, "value"),
+                short_time(&cell(s, "updated_at")),
+                cell(s, "updated_by"),
+            ]
+        })
+        .collect();
+    let mut out = table::render(&["SETTING", "VALUE", "CHANGED", "BY"], &rows);
+    out.push_str(
+        &match v["apply_refusal"].get("reason").and_then(Value::as_str) {
+            None => {
+                "\napply now: allowed (stale job leases are reaped on the next sweep)\n".to_owned()
+            }
+            Some(reason) => format!(
+                "\napply now: refused ({}): stale job leases are left alone\n",
+                table::printable(reason)
+            ),
+        },
+    );
+    out
+}
+
+fn setting_table(v: &Value) -> String {
+    let row = ["key", "old_value", "value", "updated_by"]
+        .iter()
+        .map(|k| cell(v, k))
+        .collect();
+    table::render(&["SETTING", "OLD", "NEW", "BY"], &[row])
+}
+
+fn dry_run_table(v: &Value) -> String {
+    if v["refused"] == Value::Bool(true) {
+        return refusal_table(v);
+    }
+    let empty = Vec::new();
+    let jobs = v["jobs"].as_array().unwrap_or(&empty);
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                cell(j, "job_id"),
+                cell(j, "job_kind"),
+                cell(j, "lease_owner"),
+                format!("{}/{}", cell(j, "attempts"), cell(j, "max_attempts")),
+                cell(j, "overdue_seconds"),
+                cell(j, "would_action"),
+            ]
+        })
+        .collect();
+    let mut out = table::render(
+        &["JOB", "KIND", "OWNER", "ATTEMPTS", "OVERDUE_S", "WOULD"],
+        &rows,
+    );
+    out.push_str(&format!(
+        "\n{} stale job lease(s); showing {} (--limit {}); dry run: nothing was changed\n",
+        cell(v, "stale_lease_count"),
+        jobs.len(),
+        cell(v, "limit"),
+    ));
+    out
+}
+
+fn apply_table(v: &Value) -> String {
+    if v["refused"] == Value::Bool(true) {
+        return refusal_table(v);
+    }
+    let empty = Vec::new();
+    let actions = v["actions"].as_array().unwrap_or(&empty);
+    let rows: Vec<Vec<String>> = actions
+        .iter()
+        .map(|a| {
+            let detail = match a.get("backoff_sec") {
+                Some(b) if !b.is_null() => format!("retry in {b} s"),
+                _ => a["dead_letter"]
+                    .get("dead_letter_id")
+                    .map_or("-".to_owned(), |d| {
+                        format!("dead letter {}", d.as_str().unwrap_or("?"))
+                    }),
+            };
+            vec![
+                cell(a, "job_id"),
+                cell(a, "job_kind"),
+                cell(a, "lease_owner"),
+                format!("{}/{}", cell(a, "attempts"), cell(a, "max_attempts")),
+                cell(a, "action"),
+                detail,
+            ]
+        })
+        .collect();
+    let mut out = table::render(
+        &["JOB", "KIND", "OWNER", "ATTEMPTS", "ACTION", "DETAIL"],
+        &rows,
+    );
+    out.push_str(&format!(
+        "\n{} reset to retry_waiting, {} moved to the dead-letter table, by {}\n",
+        cell(v, "reset_count"),
+        cell(v, "dead_letter_count"),
+        cell(v, "actor"),
+    ));
+    out
 }

@@ -7,4 +7,5 @@
 pub mod events;
 pub mod logfmt;
 pub mod metrics;
+pub mod table;
 pub mod telemetry;

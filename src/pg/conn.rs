@@ -142,6 +142,12 @@ pub struct ConnectError {
 }
 
 impl ConnectError {
+    /// Why it failed, without the target or advice (for callers that say
+    /// those themselves, like `check`).
+    pub fn cause(&self) -> &str {
+        &self.cause
+    }
+
     /// The same failure as a service's store error.
     pub fn for_work(self, work: Work) -> StoreError {
         StoreError::Connect {

@@ -1605,9 +1605,17 @@ async fn cli_jobs(db: &TestDb, cmd: JobsCommand) -> (ExitCode, Value) {
 
 async fn cli_gates(db: &TestDb, command: Option<GatesCommand>) -> (ExitCode, Value) {
     let mut out = Vec::new();
-    let code = run_gates(&db.target(), GatesArgs { command }, &mut out, false)
-        .await
-        .expect("the command runs");
+    let code = run_gates(
+        &db.target(),
+        GatesArgs {
+            command,
+            output: Default::default(),
+        },
+        &mut out,
+        false,
+    )
+    .await
+    .expect("the command runs");
     (
         code,
         serde_json::from_str(&String::from_utf8(out).unwrap()).unwrap(),

@@ -2,6 +2,7 @@
 //! One test binary, so the suite starts one throwaway cluster (see `support`).
 
 mod check;
+mod cli_output;
 mod daemon;
 mod faults;
 mod hostile;
