@@ -215,6 +215,22 @@ SEE ALSO:
   lease-sweeper jobs, docs/jobs-operator-guide.md"
 );
 
+const ALIVE_HELP: &str = "\
+ENVIRONMENT:
+  LEASE_SWEEPER_HEARTBEAT_FILE  the file `run` refreshes and this command reads (same path
+                                for both; under --read-only put it on a small writable
+                                volume, e.g. an emptyDir at /run/lease-sweeper)
+
+EXAMPLES:
+  LEASE_SWEEPER_HEARTBEAT_FILE=/run/lease-sweeper/heartbeat lease-sweeper alive --max-age 120
+
+EXIT STATUS:
+  0 alive, 1 heartbeat stale or missing (a loop is wedged, or none has run yet),
+  2 LEASE_SWEEPER_HEARTBEAT_FILE not set
+
+SEE ALSO:
+  docs/container.md (the Kubernetes manifest's livenessProbe)";
+
 const DEMO_HELP: &str = "\
 NEEDS:
   PostgreSQL's server binaries (initdb, postgres) under /usr/lib/postgresql/*/bin, on PATH
@@ -281,6 +297,20 @@ pub enum Command {
     /// Show the queue gates, or change one (audited).
     #[command(after_help = GATES_HELP)]
     Gates(GatesArgs),
+
+    /// Liveness probe: exit 0 while every service loop keeps making progress.
+    ///
+    /// Reads the heartbeat file that `run` writes to LEASE_SWEEPER_HEARTBEAT_FILE
+    /// each time both loops (lock sweeper, job reaper) have finished a pass,
+    /// failed or not. For a Kubernetes exec livenessProbe: it connects to
+    /// nothing, so a database outage never fails it; a wedged loop does.
+    #[command(after_help = ALIVE_HELP)]
+    Alive {
+        /// Oldest heartbeat accepted, in seconds (the unit's WatchdogSec).
+        #[arg(long, value_name = "SECONDS", default_value_t = crate::heartbeat::DEFAULT_MAX_AGE.as_secs(),
+              value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        max_age: u64,
+    },
 
     /// The embedded default: a self-contained demonstration on a throwaway
     /// local PostgreSQL. Needs no configuration; finishes in under a minute.

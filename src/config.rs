@@ -25,6 +25,11 @@ pub enum ConfigError {
     StatsdPort(String),
     #[error("STATSD_HOST must not be empty or contain spaces, got {0:?}")]
     StatsdHost(String),
+    #[error("{var} is not set: {why}")]
+    Missing {
+        var: &'static str,
+        why: &'static str,
+    },
 }
 
 /// Where the lock database is, with a password-free name for messages.

@@ -10,12 +10,13 @@
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` seam and its error), `model` (the
 //!   records), `config` (the environment), `shutdown` (signals), `progress`
-//!   and `notify` (loop liveness, systemd), `throwaway` (a local PostgreSQL
+//!   `notify` and `heartbeat` (loop liveness for systemd and containers), `throwaway` (a local PostgreSQL
 //!   for the demo and the tests).
 
 pub mod cli;
 pub mod cmd;
 pub mod config;
+mod heartbeat;
 pub mod model;
 mod notify;
 pub mod output;

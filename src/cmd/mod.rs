@@ -4,6 +4,7 @@
 //! Errors leave as `anyhow` with context for `main` to report once; a
 //! `ConfigError` anywhere in the chain means exit 2.
 
+mod alive;
 pub mod check;
 mod demo;
 pub mod jobs;
@@ -11,6 +12,7 @@ mod migrate;
 mod run;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use crate::cli::{Cli, Command};
 
@@ -21,6 +23,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate => migrate::run().await.map(|()| ExitCode::SUCCESS),
         Command::Demo => demo::run().await.map(|()| ExitCode::SUCCESS),
         Command::Check => check::run().await,
+        Command::Alive { max_age } => alive::run(Duration::from_secs(max_age)),
         Command::Jobs(cmd) => jobs::jobs(cmd).await,
         Command::Gates(args) => jobs::gates(args).await,
     }

@@ -40,6 +40,10 @@ pub async fn run() -> anyhow::Result<()> {
     // loop moves, STOPPING=1 on the signal.
     let notifier = crate::notify::Notifier::from_env();
     notifier.follow(progress.watch(), LOCK_LOOP, shutdown.clone());
+    // Containers: the same progress, as a file `lease-sweeper alive` reads.
+    if let Some(path) = crate::heartbeat::path_from_env() {
+        crate::heartbeat::follow(path, progress.watch(), shutdown.clone());
+    }
 
     let locks = LockSweeper::new(
         PgLockStore::new(db.clone()),

@@ -46,11 +46,7 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
     // Columns line up: every row's VALUE starts where the header's does.
     let column = lines[0].find("VALUE").unwrap();
     for row in lines[1..6].iter() {
-        assert_ne!(
-            &row[column..=column],
-            " ",
-            "{row:?} misaligned in\n{table}"
-        );
+        assert_ne!(&row[column..=column], " ", "{row:?} misaligned in\n{table}");
         assert_eq!(
             &row[column - 3..column],
             "   ",

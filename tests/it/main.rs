@@ -7,6 +7,7 @@ mod daemon;
 mod faults;
 mod hostile;
 mod jobs;
+mod liveness;
 mod privilege;
 mod services;
 mod support;

@@ -5,11 +5,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::Connection as _;
-
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, daemon_env, events, insert_expired, insert_stale_jobs,
-    job_passes_seen, open_gates, wait_sweeps, wait_until,
+    Daemon, JobQueueBlock, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
+    insert_stale_jobs, job_passes_seen, open_gates, wait_sweeps, wait_until,
 };
 
 const STALE_JOBS: i64 = 40;
@@ -22,13 +20,7 @@ async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_r
     insert_stale_jobs(&mut conn, "blocked", STALE_JOBS, 1, 5, 2_000).await;
     open_gates(&mut conn).await;
 
-    // A long transaction holding job_queue: every apply and dry run waits on it.
-    let mut blocker = db.connect().await;
-    let mut held = blocker.begin().await.unwrap();
-    sqlx::query("LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let mut block = JobQueueBlock::hold(&db).await;
 
     let port = statsd.port.to_string();
     let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
@@ -57,14 +49,9 @@ async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_r
         "the job reaper finished a pass through a held table lock"
     );
     assert!(events(&daemon.lines(), "job_lease_expired").is_empty());
-    let still_leased: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
-            .fetch_one(&mut *held)
-            .await
-            .unwrap();
-    assert_eq!(still_leased, STALE_JOBS);
+    assert_eq!(block.leased_jobs().await, STALE_JOBS);
 
-    held.rollback().await.unwrap();
+    block.release().await;
     wait_until(
         Duration::from_secs(20),
         "the job reaper catching up",

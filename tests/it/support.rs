@@ -445,3 +445,35 @@ pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
     )
     .await;
 }
+
+/// A test transaction holding `job_queue` in ACCESS EXCLUSIVE mode: every
+/// apply and dry run waits on it, so the job reaper's loop cannot finish a
+/// pass until `release`. (The server's statement_timeout of the daemon ends a
+/// wait after 30 s; tests release well before.)
+pub struct JobQueueBlock(PgConnection);
+
+impl JobQueueBlock {
+    pub async fn hold(db: &TestDb) -> Self {
+        let mut conn = db.connect().await;
+        sqlx::raw_sql("BEGIN; LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut conn)
+            .await
+            .expect("locking job_queue");
+        Self(conn)
+    }
+
+    /// Jobs still leased, seen from inside the blocking transaction.
+    pub async fn leased_jobs(&mut self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
+            .fetch_one(&mut self.0)
+            .await
+            .unwrap()
+    }
+
+    pub async fn release(mut self) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut self.0)
+            .await
+            .expect("releasing job_queue");
+    }
+}

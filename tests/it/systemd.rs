@@ -299,3 +299,41 @@ async fn a_missing_notify_socket_is_reported_once_and_the_daemon_keeps_sweeping(
     assert_eq!(failed.len(), 1, "reported once: {}", lines.join("\n"));
     assert_eq!(failed[0]["level"], "warn");
 }
+
+#[tokio::test]
+async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_on() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&[
+        ("LOCKDB_URL", &db.url),
+        ("STATSD_PORT", &port),
+        ("NOTIFY_SOCKET", &socket),
+        ("WATCHDOG_USEC", "10000000"),
+    ]);
+    wait_until(Duration::from_secs(10), "two WATCHDOG=1", || async {
+        notify.arrivals("WATCHDOG=1").len() >= 2
+    })
+    .await;
+
+    let block = crate::support::JobQueueBlock::hold(&db).await;
+    // A pass of the job loop may have been in flight: let it end, then count.
+    crate::support::wait_sweeps(&statsd, 2).await;
+    let wedged_at = notify.arrivals("WATCHDOG=1").len();
+    crate::support::wait_sweeps(&statsd, 4).await;
+    assert_eq!(
+        notify.arrivals("WATCHDOG=1").len(),
+        wedged_at,
+        "WATCHDOG=1 was sent while the job loop made no progress"
+    );
+
+    block.release().await;
+    wait_until(Duration::from_secs(10), "WATCHDOG=1 again", || async {
+        notify.arrivals("WATCHDOG=1").len() > wedged_at
+    })
+    .await;
+    daemon.signal(libc::SIGTERM);
+    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+}
