@@ -17,6 +17,27 @@ use tracing::info;
 
 use crate::throwaway::ThrowawayPg;
 
+// The demo's statements: the lock server's and the worker's calls of the
+// shipped functions, and the counts the demo waits on.
+const ACQUIRE: &str = "SELECT lock_acquire($1, $2, $3)";
+const RENEW: &str = "SELECT lock_renew($1, $2, $3)";
+const RELEASE: &str = "SELECT lock_release($1, $2)";
+const ENQUEUE: &str = "SELECT fn_job_enqueue($1, '{}'::jsonb, $2)::text";
+const CLAIM: &str = "SELECT job_id::text FROM fn_job_claim($1, NULL, $2)";
+/// Leases other than the kept one, and takeovers not yet drained.
+const UNSWEPT: &str = "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> $1), \
+                              (SELECT count(*) FROM lock_expiry_outbox)";
+const LEASED_JOBS: &str = "SELECT count(*) FROM job_queue WHERE state = 'leased'";
+const JOB_AFTER_REAP: &str = "SELECT job_kind, state, attempts,
+        greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint
+   FROM job_queue WHERE job_id = $1::uuid";
+const HELD: &str = "SELECT count(*) FROM lock_entry";
+const REAPED_JOBS: &str = "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'), \
+                                  (SELECT count(*) FROM job_dead_letter)";
+
+/// The key held by a healthy lock server all through the demo.
+const KEPT_KEY: &str = "report:daily";
+
 /// Lease time of the demo's abandoned leases: short, so the demo is quick.
 const DEMO_TTL_MILLIS: i64 = 1_500;
 /// The demo gives up waiting for the sweeper after this long.
@@ -34,7 +55,11 @@ pub async fn run() -> anyhow::Result<()> {
         .await?
         .context("starting a throwaway PostgreSQL")?;
     let url = pg.url("postgres");
-    info!(socketDir = %pg.socket_dir().display(), "demo_postgres_ready");
+    info!(
+        socketDir = %pg.socket_dir().display(),
+        note = "a local PostgreSQL on a Unix socket in this directory (no TCP port); removed at the end",
+        "demo_postgres_ready"
+    );
 
     let mut conn = PgConnection::connect(&url)
         .await
@@ -70,6 +95,10 @@ pub async fn run() -> anyhow::Result<()> {
         "payout:acct-2",
         "tenant \"acme\" key=1\nforged level=error",
     ];
+    note(
+        "the third abandoned key holds a quote, '=' and a newline on purpose: its lease_expired \
+         line shows them escaped, so no key can forge a log line",
+    );
     for (i, key) in abandoned.iter().enumerate() {
         let token = acquire(&mut conn, key, &format!("worker-{i}"), DEMO_TTL_MILLIS).await?;
         info!(
@@ -79,9 +108,9 @@ pub async fn run() -> anyhow::Result<()> {
             "demo_lease_acquired_then_abandoned"
         );
     }
-    let kept = acquire(&mut conn, "report:daily", "worker-alive", DEMO_TTL_MILLIS).await?;
+    let kept = acquire(&mut conn, KEPT_KEY, "worker-alive", DEMO_TTL_MILLIS).await?;
     info!(
-        lockKey = "report:daily",
+        lockKey = KEPT_KEY,
         token = kept,
         "demo_lease_acquired_and_kept_alive"
     );
@@ -95,6 +124,10 @@ pub async fn run() -> anyhow::Result<()> {
         "demo_expired_lease_taken_over"
     );
     release(&mut conn, "invoice:42", thief).await?;
+    note(
+        "the new holder of invoice:42 released it at once: the old holder's expiry is still \
+         reported (reapedBy=takeover), and lock.held.current soon counts only report:daily",
+    );
 
     // The job queue: the operator opens the substrate and arms the reaper but
     // leaves it dry-run-only ("armed but safe"); a worker claims two jobs on
@@ -104,10 +137,11 @@ pub async fn run() -> anyhow::Result<()> {
     set_gate(&mut conn, "queue.lease.duration_sec", DEMO_JOB_LEASE_SEC).await?;
     let retried = enqueue(&mut conn, "email.send", 5).await?;
     let buried = enqueue(&mut conn, "invoice.render", 1).await?;
-    let claimed: Vec<String> =
-        sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-7', NULL, 2)")
-            .fetch_all(&mut conn)
-            .await?;
+    let claimed: Vec<String> = sqlx::query_scalar(CLAIM)
+        .bind("worker-7")
+        .bind(2)
+        .fetch_all(&mut conn)
+        .await?;
     info!(
         jobs = claimed.len(),
         leaseOwner = "worker-7",
@@ -115,6 +149,10 @@ pub async fn run() -> anyhow::Result<()> {
         "demo_jobs_claimed_then_abandoned"
     );
 
+    note(
+        "the job reaper is armed but dry-run-only: the daemon will say job_reaper_gated \
+         reason=queue.lease.reaper_dry_run_only=true; that is the safe default, not a failure",
+    );
     // The daemon itself, exactly as an operator runs it.
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut daemon = tokio::process::Command::new(exe)
@@ -132,13 +170,11 @@ pub async fn run() -> anyhow::Result<()> {
     // Keep one lease alive while waiting for the abandoned ones to be swept.
     let deadline = Instant::now() + DEMO_DEADLINE;
     loop {
-        renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
-        let (left, outbox): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> 'report:daily'), \
-                    (SELECT count(*) FROM lock_expiry_outbox)",
-        )
-        .fetch_one(&mut conn)
-        .await?;
+        renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
+        let (left, outbox): (i64, i64) = sqlx::query_as(UNSWEPT)
+            .bind(KEPT_KEY)
+            .fetch_one(&mut conn)
+            .await?;
         if left == 0 && outbox == 0 {
             break;
         }
@@ -154,16 +190,13 @@ pub async fn run() -> anyhow::Result<()> {
     // job_reaper_gated (dry_run_only). The operator flips the last gate and
     // the next sweep reaps: one retry with backoff, one dead letter.
     // (The lock server keeps renewing its live lease all the while.)
-    renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
+    renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
     let preview = crate::pg::job_queue::dry_run(&mut conn, 10).await?;
-    info!(dryRun = %preview, "demo_job_dry_run");
+    show_dry_run(&preview)?;
     set_gate(&mut conn, "queue.lease.reaper_dry_run_only", "false").await?;
     loop {
-        renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
-        let leased: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
-                .fetch_one(&mut conn)
-                .await?;
+        renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
+        let leased: i64 = sqlx::query_scalar(LEASED_JOBS).fetch_one(&mut conn).await?;
         if leased == 0 {
             break;
         }
@@ -176,14 +209,11 @@ pub async fn run() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     for job in [&retried, &buried] {
-        let (kind, state, attempts, scheduled_in): (String, String, i32, i64) = sqlx::query_as(
-            "SELECT job_kind, state, attempts,
-                    greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint
-               FROM job_queue WHERE job_id = $1::uuid",
-        )
-        .bind(job)
-        .fetch_one(&mut conn)
-        .await?;
+        let (kind, state, attempts, scheduled_in): (String, String, i32, i64) =
+            sqlx::query_as(JOB_AFTER_REAP)
+                .bind(job)
+                .fetch_one(&mut conn)
+                .await?;
         info!(jobId = %job, jobKind = %kind, state = %state, attempts, retryInSec = scheduled_in, "demo_job_after_reap");
     }
 
@@ -200,15 +230,9 @@ pub async fn run() -> anyhow::Result<()> {
         .context("the daemon did not stop within 10 s of SIGTERM")??;
     tokio::time::sleep(Duration::from_millis(100)).await;
     printer.abort();
-    let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry")
-        .fetch_one(&mut conn)
-        .await?;
-    let (jobs_reset, jobs_dead): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'), \
-                (SELECT count(*) FROM job_dead_letter)",
-    )
-    .fetch_one(&mut conn)
-    .await?;
+    let still_held: i64 = sqlx::query_scalar(HELD).fetch_one(&mut conn).await?;
+    let (jobs_reset, jobs_dead): (i64, i64) =
+        sqlx::query_as(REAPED_JOBS).fetch_one(&mut conn).await?;
     conn.close().await.ok();
     drop(pg);
     info!(
@@ -240,7 +264,7 @@ async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) -> anyhow::Re
 }
 
 async fn enqueue(conn: &mut PgConnection, kind: &str, max_attempts: i32) -> anyhow::Result<String> {
-    let id: String = sqlx::query_scalar("SELECT fn_job_enqueue($1, '{}'::jsonb, $2)::text")
+    let id: String = sqlx::query_scalar(ENQUEUE)
         .bind(kind)
         .bind(max_attempts)
         .fetch_one(&mut *conn)
@@ -250,7 +274,7 @@ async fn enqueue(conn: &mut PgConnection, kind: &str, max_attempts: i32) -> anyh
 }
 
 async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> anyhow::Result<i64> {
-    let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, $2, $3)")
+    let token: Option<i64> = sqlx::query_scalar(ACQUIRE)
         .bind(key)
         .bind(owner)
         .bind(ttl)
@@ -260,7 +284,7 @@ async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> a
 }
 
 async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyhow::Result<()> {
-    let ok: bool = sqlx::query_scalar("SELECT lock_renew($1, $2, $3)")
+    let ok: bool = sqlx::query_scalar(RENEW)
         .bind(key)
         .bind(token)
         .bind(ttl)
@@ -273,10 +297,41 @@ async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyh
 }
 
 async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Result<()> {
-    let _: bool = sqlx::query_scalar("SELECT lock_release($1, $2)")
+    let _: bool = sqlx::query_scalar(RELEASE)
         .bind(key)
         .bind(token)
         .fetch_one(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// One line that says why the next thing is deliberate.
+fn note(text: &str) {
+    info!(note = text, "demo_note");
+}
+
+/// The dry run, as a person reads it: a summary line, then one line per job.
+fn show_dry_run(json: &str) -> anyhow::Result<()> {
+    let v: serde_json::Value = serde_json::from_str(json).context("reading the dry run")?;
+    let empty = Vec::new();
+    let jobs = v["jobs"].as_array().unwrap_or(&empty);
+    let would = |action: &str| jobs.iter().filter(|j| j["would_action"] == action).count();
+    info!(
+        staleLeases = v["stale_lease_count"].as_u64().unwrap_or(0),
+        wouldReset = would("reset_to_retry_waiting"),
+        wouldDeadLetter = would("move_to_dead_letter"),
+        note = "read-only: `lease-sweeper jobs dry-run` shows the same as a table",
+        "demo_job_dry_run"
+    );
+    for job in jobs {
+        info!(
+            jobId = job["job_id"].as_str().unwrap_or(""),
+            jobKind = job["job_kind"].as_str().unwrap_or(""),
+            attempts = job["attempts"].as_i64().unwrap_or(0),
+            maxAttempts = job["max_attempts"].as_i64().unwrap_or(0),
+            wouldAction = job["would_action"].as_str().unwrap_or(""),
+            "demo_job_would"
+        );
+    }
     Ok(())
 }
