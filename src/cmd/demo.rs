@@ -40,6 +40,8 @@ const KEPT_KEY: &str = "report:daily";
 
 /// Lease time of the demo's abandoned leases: short, so the demo is quick.
 const DEMO_TTL_MILLIS: i64 = 1_500;
+/// How often the demo looks at the tables while it waits for the daemon.
+const POLL: Duration = Duration::from_millis(250);
 /// The demo gives up waiting for the sweeper after this long.
 const DEMO_DEADLINE: Duration = Duration::from_secs(30);
 /// Lease of the demo's claimed jobs, in seconds (the setter's minimum), so
@@ -169,22 +171,9 @@ pub async fn run() -> anyhow::Result<()> {
 
     // Keep one lease alive while waiting for the abandoned ones to be swept.
     let deadline = Instant::now() + DEMO_DEADLINE;
-    loop {
-        renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
-        let (left, outbox): (i64, i64) = sqlx::query_as(UNSWEPT)
-            .bind(KEPT_KEY)
-            .fetch_one(&mut conn)
-            .await?;
-        if left == 0 && outbox == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the daemon did not sweep the abandoned leases within {} s",
-                DEMO_DEADLINE.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    while !swept(&mut conn, kept).await? {
+        give_up_after(deadline, "sweep the abandoned leases")?;
+        tokio::time::sleep(POLL).await;
     }
     // Jobs: the dry run shows what the reaper would do; the daemon has said
     // job_reaper_gated (dry_run_only). The operator flips the last gate and
@@ -194,19 +183,9 @@ pub async fn run() -> anyhow::Result<()> {
     let preview = crate::pg::job_queue::dry_run(&mut conn, 10).await?;
     show_dry_run(&preview)?;
     set_gate(&mut conn, "queue.lease.reaper_dry_run_only", "false").await?;
-    loop {
-        renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
-        let leased: i64 = sqlx::query_scalar(LEASED_JOBS).fetch_one(&mut conn).await?;
-        if leased == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the daemon did not reap the abandoned jobs within {} s",
-                DEMO_DEADLINE.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    while !reaped(&mut conn, kept).await? {
+        give_up_after(deadline, "reap the abandoned jobs")?;
+        tokio::time::sleep(POLL).await;
     }
     for job in [&retried, &buried] {
         let (kind, state, attempts, scheduled_in): (String, String, i32, i64) =
@@ -302,6 +281,34 @@ async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Resu
         .bind(token)
         .fetch_one(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Renews the kept lease (the lock server stays healthy), then says whether
+/// every abandoned lease and takeover has been swept.
+async fn swept(conn: &mut PgConnection, kept: i64) -> anyhow::Result<bool> {
+    renew(conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
+    let (left, outbox): (i64, i64) = sqlx::query_as(UNSWEPT)
+        .bind(KEPT_KEY)
+        .fetch_one(conn)
+        .await?;
+    Ok(left == 0 && outbox == 0)
+}
+
+/// Renews the kept lease, then says whether no job is leased any more.
+async fn reaped(conn: &mut PgConnection, kept: i64) -> anyhow::Result<bool> {
+    renew(conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
+    let leased: i64 = sqlx::query_scalar(LEASED_JOBS).fetch_one(conn).await?;
+    Ok(leased == 0)
+}
+
+fn give_up_after(deadline: Instant, what: &str) -> anyhow::Result<()> {
+    if Instant::now() > deadline {
+        bail!(
+            "the daemon did not {what} within {} s",
+            DEMO_DEADLINE.as_secs()
+        );
+    }
     Ok(())
 }
 

@@ -260,6 +260,16 @@ fn setting_table(v: &Value) -> String {
     table::render(&["SETTING", "OLD", "NEW", "BY"], &[row])
 }
 
+/// The cells a dry-run row and an apply row share: JOB, KIND, OWNER, ATTEMPTS.
+fn job_cells(j: &Value) -> Vec<String> {
+    vec![
+        cell(j, "job_id"),
+        cell(j, "job_kind"),
+        cell(j, "lease_owner"),
+        format!("{}/{}", cell(j, "attempts"), cell(j, "max_attempts")),
+    ]
+}
+
 fn dry_run_table(v: &Value) -> String {
     if v["refused"] == Value::Bool(true) {
         return refusal_table(v);
@@ -269,14 +279,9 @@ fn dry_run_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
-            vec![
-                cell(j, "job_id"),
-                cell(j, "job_kind"),
-                cell(j, "lease_owner"),
-                format!("{}/{}", cell(j, "attempts"), cell(j, "max_attempts")),
-                cell(j, "overdue_seconds"),
-                cell(j, "would_action"),
-            ]
+            let mut row = job_cells(j);
+            row.extend([cell(j, "overdue_seconds"), cell(j, "would_action")]);
+            row
         })
         .collect();
     let mut out = table::render(
@@ -309,14 +314,9 @@ fn apply_table(v: &Value) -> String {
                         format!("dead letter {}", d.as_str().unwrap_or("?"))
                     }),
             };
-            vec![
-                cell(a, "job_id"),
-                cell(a, "job_kind"),
-                cell(a, "lease_owner"),
-                format!("{}/{}", cell(a, "attempts"), cell(a, "max_attempts")),
-                cell(a, "action"),
-                detail,
-            ]
+            let mut row = job_cells(a);
+            row.extend([cell(a, "action"), detail]);
+            row
         })
         .collect();
     let mut out = table::render(

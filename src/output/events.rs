@@ -45,9 +45,7 @@ impl EventLog {
         let ts = crate::output::telemetry::timestamp_now();
         let line = &mut self.buf;
         for lease in leases {
-            push_pair(line, "ts", &ts);
-            push_pair(line, "level", "warn");
-            push_pair(line, "message", "lease_expired");
+            push_head(line, &ts, "lease_expired");
             push_pair(line, "lockKey", &lease.lock_key);
             push_pair(line, "token", &lease.token.to_string());
             push_pair(
@@ -74,9 +72,7 @@ impl EventLog {
         let ts = crate::output::telemetry::timestamp_now();
         let line = &mut self.buf;
         for pairs in rows {
-            push_pair(line, "ts", &ts);
-            push_pair(line, "level", "warn");
-            push_pair(line, "message", message);
+            push_head(line, &ts, message);
             for (k, v) in &pairs {
                 push_pair(line, k, v);
             }
@@ -92,6 +88,13 @@ impl EventLog {
         self.out.write_all(self.buf.as_bytes())?;
         self.out.flush()
     }
+}
+
+/// The pairs every signal line starts with.
+fn push_head(line: &mut String, ts: &str, message: &str) {
+    push_pair(line, "ts", ts);
+    push_pair(line, "level", "warn");
+    push_pair(line, "message", message);
 }
 
 /// A cloneable in-memory sink; reading it yields whole lines.
