@@ -35,6 +35,8 @@
 #     (the database named `localhost`) and then through the Unix socket;
 #   - `systemctl stop` ends in Result=success, exit status 0;
 #   - a SIGKILLed daemon is restarted (NRestarts increments);
+#   - a CA file under a 0700 directory is unreadable for the dynamic user
+#     (sweep_failed: Permission denied), which is why /etc/lease-sweeper is 0755;
 #   - exit status 2 (a malformed LOCKDB_URL) is not restarted;
 #   - reinstalling the package restarts a running daemon (try-restart);
 #   - purging the package stops the daemon and removes the unit.
@@ -404,6 +406,24 @@ wait_for 20 restarted || true
 expect "NRestarts after SIGKILL" "$(prop NRestarts)" $((restarts0 + 1))
 expect "state after the restart" "$(prop ActiveState)/$(prop SubState)" active/running
 if [ "$(prop MainPID)" != "$pid0" ]; then ok "a new process: MainPID $pid0 -> $(prop MainPID)"; else bad "MainPID unchanged ($pid0)"; fi
+
+# ---- 4b. why /etc/lease-sweeper is 0755: a CA file under a 0700 directory ------------
+say "the CA file under a 0700 directory (the mode docs/operations.md advises against)"
+ns install -d -m 0700 /etc/lease-sweeper/private
+ns install -m 0644 "$WORK/ca.pem" /etc/lease-sweeper/private/db-ca.pem
+write_env "postgres://sweeper_host_a:$SWEEPER_PW_URL@localhost:$PG_PORT/locks?sslmode=verify-full&sslrootcert=/etc/lease-sweeper/private/db-ca.pem"
+ns systemctl restart "$UNIT" || true
+INV=$(prop InvocationID)
+denied() { [ "$(journal_count "$INV" 'message=sweep_failed')" -ge 1 ]; }
+wait_for 20 denied || true
+line=$({ ns journalctl --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$INV" || true; } | grep -m 1 'message=sweep_failed' || true)
+case "$line" in
+    *"ermission denied"*) ok "the dynamic user cannot read it: $(echo "$line" | grep -o 'error="[^"]*' | cut -c1-150)" ;;
+    *) bad "expected a permission error from sweep_failed, got: ${line:-nothing}" ;;
+esac
+ns rm -rf /etc/lease-sweeper/private
+write_env "$SOCKET_URL"
+ns systemctl restart "$UNIT" || bad "restart over the socket failed"
 
 # ---- 5. reinstalling the package restarts a running daemon (try-restart) -------------
 say "dpkg -i again while it runs (upgrade path)"
