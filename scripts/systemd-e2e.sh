@@ -11,8 +11,9 @@
 #
 # How: systemd runs as PID 1 of its own PID, mount, UTS and IPC namespaces
 # (`unshare --pid --mount --uts --ipc --fork --mount-proc`, `container=other`),
-# booted into a minimal target (journald only: the host's multi-user.target
-# would start its PostgreSQL, Docker and so on). The file system is the
+# booted into a minimal target (journald and the D-Bus socket, which
+# `systemd-run --pipe` needs as on any Debian host; the host's
+# multi-user.target would start its PostgreSQL, Docker and so on). The file system is the
 # host's, so before systemd starts, private tmpfs are mounted on /tmp,
 # /var/tmp and /run (systemd-tmpfiles empties /tmp at boot) and on
 # /etc/lease-sweeper and /etc/systemd/system (the env file, `systemctl enable`
@@ -26,6 +27,7 @@
 #
 #   - the package installs the unit neither enabled nor started, and the unit
 #     refuses to start without /etc/lease-sweeper/env;
+#   - the preflight command of docs/operations.md (step 4) passes;
 #   - Type=notify reaches active/running, as a dynamic (non-root) user;
 #   - the watchdog is fed (WatchdogTimestamp advances; NRestarts stays 0 over
 #     more than WatchdogSec, shortened to 3 s by a drop-in);
@@ -57,6 +59,7 @@ say() { printf '==> %s\n' "$*"; }
 die() { printf 'ERROR: %s\n' "$*" >&2; exit 2; }
 
 [ "$(id -u)" = 0 ] || die "run as root (it boots systemd in its own namespaces and installs a package)"
+[ -x /usr/bin/dbus-daemon ] || die "dbus-daemon is missing (apt-get install dbus)"
 for tool in unshare nsenter dpkg openssl python3; do
     command -v "$tool" >/dev/null || die "$tool is missing"
 done
@@ -197,9 +200,9 @@ if [ -e /usr/sbin/policy-rc.d ]; then mount --bind /bin/true /usr/sbin/policy-rc
 mkdir -p /run/systemd/system /run/systemd/journald.conf.d
 cat >/run/systemd/system/lease-sweeper-e2e.target <<'T'
 [Unit]
-Description=lease-sweeper e2e: journald and nothing else
-Wants=systemd-journald.service
-After=systemd-journald.service
+Description=lease-sweeper e2e: journald and the system bus, nothing else
+Wants=systemd-journald.service dbus.socket
+After=systemd-journald.service dbus.socket
 T
 printf '[Journal]\nStorage=volatile\nRateLimitBurst=0\n' >/run/systemd/journald.conf.d/e2e.conf
 exec env -i container=other PATH=/usr/sbin:/usr/bin:/sbin:/bin \
@@ -331,6 +334,14 @@ ns mkdir -p "/run/systemd/system/$UNIT.d"
 printf '[Service]\nWatchdogSec=3s\n' >"$WORK/watchdog.conf"
 ns install -m 0644 "$WORK/watchdog.conf" "/run/systemd/system/$UNIT.d/e2e-watchdog.conf"
 ns systemctl daemon-reload
+
+# ---- 0. the preflight as docs/operations.md step 4 runs it --------------------------
+say "preflight: systemd-run --pipe --wait -p EnvironmentFile=… -p DynamicUser=yes lease-sweeper check"
+ns systemd-run --quiet --pipe --wait -p EnvironmentFile=/etc/lease-sweeper/env -p DynamicUser=yes \
+    /usr/bin/lease-sweeper check >"$WORK/preflight.log" 2>&1 && code=0 || code=$?
+expect "preflight exit status" "$code" 0
+expect "preflight verdict" "$(grep -c '^check passed: all' "$WORK/preflight.log")" 1
+[ "$code" = 0 ] || cat "$WORK/preflight.log"
 
 # ---- 1. start over TLS + DNS: Type=notify, dynamic user, watchdog ------------------
 say "systemctl enable --now $UNIT (TLS verify-full to localhost:$PG_PORT)"
