@@ -245,6 +245,7 @@ wait_for 10 counted || true
 expect "lock.lease.expired counted by the StatsD listener" "$(statsd_expired)" "$N"
 expect "sweep_failed lines" "$(logs_count 'message=sweep_failed')" 0
 expect "state before stop" "$(docker inspect -f '{{.State.Status}}' "$NAME")" running
+ok "resident memory after the sweep: $(awk '/^VmRSS:/ {printf "%.1f MiB", $2 / 1024}' "/proc/$host_pid/status")"
 
 say "docker stop"
 t0=$(date +%s%N)
