@@ -37,6 +37,8 @@
 #     (the database named `localhost`) and then through the Unix socket;
 #   - `systemctl stop` ends in Result=success, exit status 0;
 #   - a SIGKILLed daemon is restarted (NRestarts increments);
+#   - a wedged daemon (SIGSTOP: no more WATCHDOG=1) is killed by the watchdog
+#     and restarted;
 #   - a CA file under a 0700 directory is unreadable for the dynamic user
 #     (sweep_failed: Permission denied), which is why /etc/lease-sweeper is 0755;
 #   - exit status 2 (a malformed LOCKDB_URL) is not restarted;
@@ -417,6 +419,20 @@ wait_for 20 restarted || true
 expect "NRestarts after SIGKILL" "$(prop NRestarts)" $((restarts0 + 1))
 expect "state after the restart" "$(prop ActiveState)/$(prop SubState)" active/running
 if [ "$(prop MainPID)" != "$pid0" ]; then ok "a new process: MainPID $pid0 -> $(prop MainPID)"; else bad "MainPID unchanged ($pid0)"; fi
+
+# ---- 4a. a wedged loop: the watchdog kills and restarts it ----------------------------
+say "systemctl kill -s SIGSTOP (a wedged loop: no more WATCHDOG=1)"
+restarts0=$(prop NRestarts)
+pid0=$(prop MainPID)
+ns systemctl kill -s SIGSTOP --kill-who=main "$UNIT"
+# WatchdogSec=3s, then SIGABRT (held while stopped) and SIGKILL after
+# TimeoutAbortSec (= TimeoutStopSec, 10 s), then RestartSec=2s.
+wait_for 40 restarted || true
+expect "NRestarts after a wedge" "$(prop NRestarts)" $((restarts0 + 1))
+expect "state after the watchdog restart" "$(prop ActiveState)/$(prop SubState)" active/running
+if [ "$(prop MainPID)" != "$pid0" ]; then ok "a new process: MainPID $pid0 -> $(prop MainPID)"; else bad "MainPID unchanged ($pid0)"; fi
+wd=$({ ns journalctl --no-pager -o cat -u "$UNIT" || true; } | grep -c 'Watchdog timeout' || true)
+if [ "$wd" -ge 1 ]; then ok "systemd logged the watchdog timeout: $({ ns journalctl --no-pager -o cat -u "$UNIT" || true; } | grep -m 1 'Watchdog timeout')"; else bad "no 'Watchdog timeout' in the journal"; fi
 
 # ---- 4b. why /etc/lease-sweeper is 0755: a CA file under a 0700 directory ------------
 say "the CA file under a 0700 directory (the mode docs/operations.md advises against)"
