@@ -1,5 +1,9 @@
 # lease-sweeper container image: one static (musl) binary on an empty base.
 #
+# This multi-stage build needs a registry (it pulls rust:1.94-bookworm).
+# Without one, scripts/container-image.sh builds the same final stage from a
+# binary cargo builds on the host, and tests the image under Docker.
+#
 #   docker build -t lease-sweeper:0.1.0 .
 #   docker run --rm -e LOCKDB_URL=postgres://... lease-sweeper:0.1.0
 #   docker run --rm --entrypoint /lease-sweeper -e LOCKDB_URL=... lease-sweeper:0.1.0 check
@@ -8,8 +12,8 @@
 # are compiled in (rustls + webpki-roots, so no /etc/ssl), it runs as a
 # numeric user (no /etc/passwd), writes no files (read-only root is fine) and
 # needs no shell. DNS uses the /etc/resolv.conf the runtime mounts. The same
-# build is proven on a host by scripts/static-binary.sh. docs/container.md
-# has the details; x86_64 only as written (see there for arm64).
+# build is proven outside a container by scripts/static-binary.sh.
+# docs/container.md has the details; x86_64 only as written (see there for arm64).
 
 # ---- build stage ------------------------------------------------------------
 FROM rust:1.94-bookworm AS build

@@ -10,8 +10,10 @@
 #   4. it does the real job: `lease-sweeper demo` (a throwaway PostgreSQL,
 #      leases abandoned and swept, SIGTERM) with an empty environment.
 #
-# Usage: scripts/static-binary.sh          (as root for steps 3-4; see below)
-# Output: target/x86_64-unknown-linux-musl/release/lease-sweeper
+# Usage: scripts/static-binary.sh              (as root for steps 3-4; see below)
+#        scripts/static-binary.sh --build-only (build and step 1 only; used by
+#                                               scripts/container-image.sh)
+# Output: $CARGO_TARGET_DIR (default target)/x86_64-unknown-linux-musl/release/lease-sweeper
 #
 # Needs: rustup, and musl-gcc for ring's C code (Debian: musl-tools; installed
 # here when missing and we are root). A release build takes a few minutes on
@@ -19,8 +21,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+BUILD_ONLY=""
+[ "${1:-}" = "--build-only" ] && BUILD_ONLY=yes
 TARGET=x86_64-unknown-linux-musl
-BIN="target/$TARGET/release/lease-sweeper"
+BIN="$(realpath -m "${CARGO_TARGET_DIR:-target}")/$TARGET/release/lease-sweeper"
 WORK="$(mktemp -d /tmp/lease-sweeper-static.XXXXXX)"
 DAEMON_PID=""
 cleanup() {
@@ -68,6 +72,10 @@ case "$ldd_out" in
 esac
 size_bytes=$(stat -c %s "$BIN")
 say "size: $size_bytes bytes ($(( size_bytes / 1024 )) KiB)"
+if [ -n "$BUILD_ONLY" ]; then
+    say "OK: $BIN is static ($size_bytes bytes)"
+    exit 0
+fi
 
 # ---- 2. empty environment ------------------------------------------------------
 say "2. runs with an empty environment"
@@ -82,7 +90,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 # No database is reachable with an empty environment: the daemon must keep
 # running (logging sweep_failed) and still stop cleanly.
-"${UNSHARE[@]}" env -i "$PWD/$BIN" run >"$WORK/pid1.log" 2>&1 &
+"${UNSHARE[@]}" env -i "$BIN" run >"$WORK/pid1.log" 2>&1 &
 UNSHARE_PID=$!
 for _ in $(seq 1 100); do
     DAEMON_PID=$(pgrep -P "$UNSHARE_PID" || true)
@@ -112,7 +120,7 @@ say "exit 0, ${took_ms} ms after SIGTERM"
 if [ "$(id -u)" = 0 ] && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     say "4. lease-sweeper demo with an empty environment (throwaway PostgreSQL)"
     set +e
-    env -i "$PWD/$BIN" demo >"$WORK/demo.log" 2>&1
+    env -i "$BIN" demo >"$WORK/demo.log" 2>&1
     code=$?
     set -e
     expired=$(grep -c 'message=lease_expired' "$WORK/demo.log" || true)
