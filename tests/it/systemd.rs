@@ -13,7 +13,7 @@ use crate::support::{Daemon, StatsdCapture, TestDb, binary, events, wait_until};
 /// The unit as shipped.
 const UNIT: &str = include_str!("../../systemd/lease-sweeper.service");
 /// Where the shipped unit expects the binary.
-const INSTALLED_BINARY: &str = "/usr/local/bin/lease-sweeper";
+const INSTALLED_BINARY: &str = "/usr/bin/lease-sweeper";
 /// The bar for `systemd-analyze security`.
 const MAX_EXPOSURE: f64 = 1.5;
 
