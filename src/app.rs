@@ -48,9 +48,13 @@ pub async fn run_daemon() -> anyhow::Result<()> {
     info!(
         version = env!("CARGO_PKG_VERSION"),
         database = db.display(),
+        databaseFrom = %db.origin(),
         statsd = %statsd,
         "starting"
     );
+    for note in db.notes() {
+        tracing::warn!(note = %note, "database_config_warning");
+    }
     let actor = format!("lease-sweeper@{}", hostname());
     // systemd: READY=1 and WATCHDOG=1 from the loop, STOPPING=1 on the signal.
     let notifier = crate::notify::Notifier::from_env();

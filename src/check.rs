@@ -310,6 +310,7 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
         "SELECT current_user::text, current_setting('server_version'),
                 (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
     )
+    .persistent(false)
     .fetch_one(&mut conn)
     .await;
     match who {
@@ -362,6 +363,7 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     const WHAT: &str = "migrations";
     let table: Option<String> =
         match sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+            .persistent(false)
             .fetch_one(&mut *conn)
             .await
         {
@@ -373,6 +375,7 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     }
     let applied: Vec<(i64, bool, Vec<u8>)> =
         match sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
+            .persistent(false)
             .fetch_all(&mut *conn)
             .await
         {
@@ -476,6 +479,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.oid = to_regclass($1)",
             )
+            .persistent(false)
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
@@ -485,6 +489,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                       WHERE c.relname = $1",
                 )
+                .persistent(false)
                 .bind(name)
                 .fetch_one(&mut *conn)
                 .await?;
@@ -515,6 +520,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                   WHERE p.proname = $1 AND pg_function_is_visible(p.oid)",
             )
+            .persistent(false)
             .bind(name)
             .fetch_all(&mut *conn)
             .await?;
@@ -525,6 +531,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                           WHERE p.proname = $1",
                     )
+                    .persistent(false)
                     .bind(name)
                     .fetch_one(&mut *conn)
                     .await?;
@@ -554,6 +561,7 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
                         END
                    FROM unnest($2::text[]) AS p",
             )
+            .persistent(false)
             .bind(name)
             .bind(&privileges)
             .fetch_one(&mut *conn)
@@ -570,6 +578,7 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
                    FROM unnest($2::text[]) AS p
                    LEFT JOIN pg_proc f ON f.proname = $1 AND pg_function_is_visible(f.oid)",
             )
+.persistent(false)
             .bind(name)
             .bind(&privileges)
             .fetch_one(&mut *conn)

@@ -1,7 +1,7 @@
 //! One managed connection to the lock database, and the bundled migrations.
 //!
-//! Owns connecting (with a bounded timeout and the session settings the
-//! sweeper relies on), dropping a connection after any error so the next call
+//! Owns connecting (through the host walk of `pg::target`), the guards every
+//! transaction sets (`BEGIN_GUARDED`), dropping a connection after any error so the next call
 //! reconnects by itself, and describing failures with their real cause instead
 //! of a pool's "timed out". It owns no SQL besides the migrations.
 //!
@@ -11,21 +11,53 @@
 use std::time::Duration;
 
 use sqlx::{Connection as _, PgConnection};
+use tracing::info;
 
 use crate::config::DbTarget;
+use crate::pg::target::{HostFailure, Role, WalkError};
 use crate::store::StoreError;
 
-/// How long one connection attempt may take before the sweep reports it and
-/// moves on; well under the 1-second rhythm times the drain bound.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection attempt may take when the target names no
+/// `connect_timeout`: per host, so a dead first host costs this much once.
+pub const CONNECT_TIMEOUT: Duration = crate::pg::target::DEFAULT_CONNECT_TIMEOUT;
+
+// The two guards below are set with `SET LOCAL` at the start of every
+// transaction (`BEGIN_GUARDED`), not as startup options or `SET`: behind
+// PgBouncer in transaction mode a session setting stays on whichever server
+// connection it was sent to, and PgBouncer 1.18 refuses the `options` startup
+// parameter outright.
+macro_rules! statement_timeout_ms {
+    () => {
+        "30000"
+    };
+}
+macro_rules! idle_in_transaction_timeout_ms {
+    () => {
+        "60000"
+    };
+}
 
 /// Server-side guard for any one statement: a wedged query is cancelled by
 /// PostgreSQL and reported as an error instead of stopping the sweep loop.
-const STATEMENT_TIMEOUT_MS: &str = "30000";
+pub const STATEMENT_TIMEOUT_MS: &str = statement_timeout_ms!();
 
 /// A transaction left open (say, stdout blocked while lines are written) is
 /// ended by the server, releasing its row locks for other replicas.
-const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "60000";
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = idle_in_transaction_timeout_ms!();
+
+/// How every transaction of the daemon starts: one simple-protocol round
+/// trip that opens it and sets both guards for it alone.
+pub const BEGIN_GUARDED: &str = concat!(
+    "BEGIN; SET LOCAL statement_timeout = ",
+    statement_timeout_ms!(),
+    "; SET LOCAL idle_in_transaction_session_timeout = ",
+    idle_in_transaction_timeout_ms!()
+);
+
+/// The words for a server in recovery, whichever way it is met (the walk
+/// passes it over, or a statement fails with SQLSTATE 25006).
+pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothing is deleted; \
+     sweeping resumes when it is promoted or when LOCKDB_URL names the primary";
 
 /// The schema this binary needs, embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -34,17 +66,36 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct Db {
     target: DbTarget,
     conn: Option<PgConnection>,
+    /// The host of the last connection (index into the target's hosts), so a
+    /// failover to another host is logged once.
+    host: Option<usize>,
 }
 
 impl Db {
     pub fn new(target: DbTarget) -> Self {
-        Self { target, conn: None }
+        Self {
+            target,
+            conn: None,
+            host: None,
+        }
     }
 
-    /// The open connection, connecting first if there is none.
+    /// The open connection, connecting first if there is none: a fresh walk
+    /// over the target's hosts, so after a failover (connection lost, the
+    /// server read-only or in recovery) the next writable host is found.
     pub async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
-            self.conn = Some(connect(&self.target).await?);
+            let (conn, host) = connect_to(&self.target).await?;
+            if let Some(before) = self.host.filter(|b| *b != host) {
+                let hosts = self.target.target().hosts();
+                info!(
+                    from = %hosts[before].display(),
+                    to = %hosts[host].display(),
+                    "database_host_changed"
+                );
+            }
+            self.host = Some(host);
+            self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connection was just set"))
     }
@@ -92,31 +143,77 @@ pub enum BatchFailure {
     Report(std::io::Error),
 }
 
-/// Opens one connection with the sweeper's session settings.
+/// Opens one connection: the first host of the target with the session the
+/// target asks for (read-write unless told otherwise).
 pub async fn connect(target: &DbTarget) -> Result<PgConnection, StoreError> {
-    let options = target.options().clone().options([
-        ("statement_timeout", STATEMENT_TIMEOUT_MS),
-        (
-            "idle_in_transaction_session_timeout",
-            IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    connect_to(target).await.map(|(conn, _)| conn)
+}
+
+/// `connect`, also saying which host (index into the target's hosts) it is.
+pub async fn connect_to(target: &DbTarget) -> Result<(PgConnection, usize), StoreError> {
+    target
+        .target()
+        .connect(target.session_attrs())
+        .await
+        .map_err(|walk| walk_failed(target, &walk))
+}
+
+/// One message for a walk that found no usable host: each host's reason, in
+/// walk order; the hot-standby words alone when every host is one.
+fn walk_failed(target: &DbTarget, walk: &WalkError) -> StoreError {
+    let redact = |s: String| target.redactor().redact(&s);
+    if walk.all_standby() {
+        return StoreError::Topology {
+            target: target.display().to_owned(),
+            cause: HOT_STANDBY.to_owned(),
+        };
+    }
+    let reason = |failure: &HostFailure| match failure {
+        HostFailure::Connect(e) => describe(e),
+        HostFailure::Timeout(t) => format!("no answer within {} s", t.as_secs()),
+        HostFailure::Role(Role::Standby) => {
+            "a hot standby (in recovery), passed over for a writable server".to_owned()
+        }
+        HostFailure::Role(Role::ReadOnlyPrimary) => format!(
+            "sessions are read-only (default_transaction_read_only), not {}",
+            walk.attrs.as_str()
         ),
-    ]);
-    let failed = |cause: String| StoreError::Connect {
-        target: target.display().to_owned(),
-        cause: target.redactor().redact(&cause),
+        HostFailure::Role(Role::Writable) => {
+            format!("a writable primary, not {}", walk.attrs.as_str())
+        }
     };
-    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(failed(describe(&e))),
-        Err(_) => Err(failed(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
+    let cause = match walk.attempts.as_slice() {
+        [(_, only)] => reason(only),
+        many => many
+            .iter()
+            .map(|(host, f)| format!("{host}: {}", reason(f)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    StoreError::Connect {
+        target: target.display().to_owned(),
+        cause: redact(cause),
     }
 }
 
+/// Runs `body` in one transaction opened with `BEGIN_GUARDED` and commits.
+/// The daemon sends nothing outside a transaction: behind PgBouncer in
+/// transaction mode, a statement's Parse and its Bind must reach the same
+/// server connection, which only a transaction guarantees.
+pub async fn in_tx<T>(
+    conn: &mut PgConnection,
+    body: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    let mut tx = conn.begin_with(BEGIN_GUARDED).await?;
+    let out = body(&mut tx).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
 /// Applies the bundled migrations; safe to run again and from several
-/// replicas at once (sqlx takes an advisory lock).
+/// replicas at once (sqlx takes a session advisory lock, held across the
+/// migrations' transactions: run it directly against PostgreSQL or through a
+/// session-mode pool, never through PgBouncer in transaction mode).
 pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(conn).await
 }
@@ -124,8 +221,17 @@ pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::Migra
 /// A one-line description of a database error with its underlying cause
 /// (sqlx's Display alone often says only "error communicating with database").
 pub fn describe(err: &sqlx::Error) -> String {
-    if let sqlx::Error::Database(db) = err {
-        return describe_server_error(db.as_ref());
+    match err {
+        sqlx::Error::Database(db) => return describe_server_error(db.as_ref()),
+        sqlx::Error::Tls(cause) => return describe_tls(&cause.to_string()),
+        sqlx::Error::Protocol(what) => {
+            return format!(
+                "protocol error: the server or a connection pooler in between answered out of \
+                 turn ({what}); the connection is dropped and reopened (PgBouncer in \
+                 transaction mode: see docs/topologies.md)"
+            );
+        }
+        _ => {}
     }
     let mut msg = err.to_string();
     let mut source = std::error::Error::source(err);
@@ -158,6 +264,53 @@ fn describe_server_error(db: &dyn sqlx::error::DatabaseError) -> String {
         if code == "42P01" || code == "42883" {
             msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
         }
+        // read_only_sql_transaction: connected to a standby (target_session_attrs
+        // let it through, or it was demoted under us).
+        if code == "25006" {
+            return format!("{HOT_STANDBY} (SQLSTATE 25006: {})", db.message());
+        }
+        // A pooler's protocol_violation, or prepared statements lost or
+        // mixed up between server connections.
+        if code == "08P01" || code == "26000" || code == "42P05" {
+            msg.push_str(
+                "; a connection pooler in between? see docs/topologies.md for PgBouncer's settings",
+            );
+        }
     }
     msg
+}
+
+/// One clear word for a TLS failure: which of the usual three it is.
+fn describe_tls(cause: &str) -> String {
+    let lower = cause.to_ascii_lowercase();
+    let word = if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+        "TLS failure: unknown CA: the server's certificate is not signed by the CA in sslrootcert \
+         (PGSSLROOTCERT)"
+    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+        "TLS failure: host name mismatch: the server's certificate does not name the host \
+         connected to (sslmode=verify-full checks it)"
+    } else if lower.contains("expired") || lower.contains("notvalidyet") {
+        "TLS failure: the server's certificate is expired or not yet valid"
+    } else if lower.contains("does not support") {
+        "TLS failure: the server does not accept TLS connections but sslmode requires them"
+    } else {
+        "TLS failure"
+    };
+    format!("{word} ({cause})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guards_are_set_locally_with_their_named_values() {
+        assert_eq!(
+            BEGIN_GUARDED,
+            format!(
+                "BEGIN; SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+                 SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+            )
+        );
+    }
 }

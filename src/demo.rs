@@ -106,6 +106,7 @@ pub async fn run() -> anyhow::Result<()> {
     let buried = enqueue(&mut conn, "invoice.render", 1).await?;
     let claimed: Vec<String> =
         sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-7', NULL, 2)")
+            .persistent(false)
             .fetch_all(&mut conn)
             .await?;
     info!(
@@ -137,6 +138,7 @@ pub async fn run() -> anyhow::Result<()> {
             "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> 'report:daily'), \
                     (SELECT count(*) FROM lock_expiry_outbox)",
         )
+        .persistent(false)
         .fetch_one(&mut conn)
         .await?;
         if left == 0 && outbox == 0 {
@@ -162,6 +164,7 @@ pub async fn run() -> anyhow::Result<()> {
         renew(&mut conn, "report:daily", kept, DEMO_TTL_MILLIS).await?;
         let leased: i64 =
             sqlx::query_scalar("SELECT count(*) FROM job_queue WHERE state = 'leased'")
+                .persistent(false)
                 .fetch_one(&mut conn)
                 .await?;
         if leased == 0 {
@@ -181,6 +184,7 @@ pub async fn run() -> anyhow::Result<()> {
                     greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint
                FROM job_queue WHERE job_id = $1::uuid",
         )
+        .persistent(false)
         .bind(job)
         .fetch_one(&mut conn)
         .await?;
@@ -201,12 +205,14 @@ pub async fn run() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     printer.abort();
     let still_held: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_entry")
+        .persistent(false)
         .fetch_one(&mut conn)
         .await?;
     let (jobs_reset, jobs_dead): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'), \
                 (SELECT count(*) FROM job_dead_letter)",
     )
+    .persistent(false)
     .fetch_one(&mut conn)
     .await?;
     conn.close().await.ok();
@@ -241,6 +247,7 @@ async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) -> anyhow::Re
 
 async fn enqueue(conn: &mut PgConnection, kind: &str, max_attempts: i32) -> anyhow::Result<String> {
     let id: String = sqlx::query_scalar("SELECT fn_job_enqueue($1, '{}'::jsonb, $2)::text")
+        .persistent(false)
         .bind(kind)
         .bind(max_attempts)
         .fetch_one(&mut *conn)
@@ -251,6 +258,7 @@ async fn enqueue(conn: &mut PgConnection, kind: &str, max_attempts: i32) -> anyh
 
 async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> anyhow::Result<i64> {
     let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, $2, $3)")
+        .persistent(false)
         .bind(key)
         .bind(owner)
         .bind(ttl)
@@ -261,6 +269,7 @@ async fn acquire(conn: &mut PgConnection, key: &str, owner: &str, ttl: i64) -> a
 
 async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyhow::Result<()> {
     let ok: bool = sqlx::query_scalar("SELECT lock_renew($1, $2, $3)")
+        .persistent(false)
         .bind(key)
         .bind(token)
         .bind(ttl)
@@ -274,6 +283,7 @@ async fn renew(conn: &mut PgConnection, key: &str, token: i64, ttl: i64) -> anyh
 
 async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Result<()> {
     let _: bool = sqlx::query_scalar("SELECT lock_release($1, $2)")
+        .persistent(false)
         .bind(key)
         .bind(token)
         .fetch_one(&mut *conn)

@@ -213,7 +213,7 @@ impl JobReaper {
     /// The gates' refusal reason, or `None` when they allow reaping.
     async fn gate_refusal(&mut self) -> Result<Option<String>, StoreError> {
         let conn = self.db.conn().await?;
-        let json = match q::gate_refusal(conn).await {
+        let json = match crate::db::in_tx(conn, async |c| q::gate_refusal(c).await).await {
             Ok(json) => json,
             Err(e) => return Err(self.db.query_failed("fn_job_reaper_gate_refusal", e)),
         };
@@ -228,7 +228,9 @@ impl JobReaper {
 
     async fn stale_count(&mut self) -> Result<u64, StoreError> {
         let conn = self.db.conn().await?;
-        let text = match q::dry_run(conn, GAUGE_DRY_RUN_LIMIT).await {
+        let text = match crate::db::in_tx(conn, async |c| q::dry_run(c, GAUGE_DRY_RUN_LIMIT).await)
+            .await
+        {
             Ok(text) => text,
             Err(e) => return Err(self.db.query_failed("fn_job_reap_stale_leases_dry_run", e)),
         };
@@ -266,7 +268,7 @@ async fn apply_in_tx(
     events: &mut EventLog,
 ) -> Result<Batch, BatchFailure> {
     let mut tx = conn
-        .begin()
+        .begin_with(crate::db::BEGIN_GUARDED)
         .await
         .map_err(|e| BatchFailure::Query("BEGIN", e))?;
     let text = q::apply(&mut tx, actor, JOB_BATCH_SIZE)

@@ -22,6 +22,9 @@ pub mod jobs_cli;
 pub mod logfmt;
 pub mod metrics;
 pub mod notify;
+pub mod pg {
+    pub mod target;
+}
 pub mod queries;
 pub mod shutdown;
 pub mod store;

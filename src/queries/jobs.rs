@@ -39,11 +39,15 @@ pub const SET_GATE: &str = "SELECT fn_queue_setting_set($1, $2, $3)::text";
 pub const REJECTED_SQLSTATE: &str = "22023";
 
 pub async fn gate_refusal(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(GATE_REFUSAL).fetch_one(conn).await
+    sqlx::query_scalar(GATE_REFUSAL)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
 }
 
 pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(DRY_RUN)
+        .persistent(false)
         .bind(limit)
         .fetch_one(conn)
         .await
@@ -55,6 +59,7 @@ pub async fn apply(
     limit: i32,
 ) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(APPLY)
+        .persistent(false)
         .bind(actor)
         .bind(limit)
         .fetch_one(conn)
@@ -62,7 +67,10 @@ pub async fn apply(
 }
 
 pub async fn show_gates(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(SHOW_GATES).fetch_one(conn).await
+    sqlx::query_scalar(SHOW_GATES)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
 }
 
 pub async fn set_gate(
@@ -72,6 +80,7 @@ pub async fn set_gate(
     actor: &str,
 ) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(SET_GATE)
+        .persistent(false)
         .bind(key)
         .bind(value)
         .bind(actor)

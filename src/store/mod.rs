@@ -72,6 +72,10 @@ pub enum StoreError {
          (is the server up and LOCKDB_URL right? `lease-sweeper check` tells)"
     )]
     Connect { target: String, cause: String },
+    /// Reachable, but no host is a server the sweeper may use (every one a
+    /// hot standby, say): the cause is the whole message.
+    #[error("{target}: {cause}")]
+    Topology { target: String, cause: String },
     #[error("lock database query `{query}` failed: {cause}")]
     Query { query: &'static str, cause: String },
     #[error("writing the signal lines to stdout failed, batch rolled back (nothing lost): {0}")]

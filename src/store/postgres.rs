@@ -71,7 +71,7 @@ async fn batch_in_tx(
     report: Report<'_>,
 ) -> Result<(usize, Option<i64>), BatchFailure> {
     let mut tx = conn
-        .begin()
+        .begin_with(crate::db::BEGIN_GUARDED)
         .await
         .map_err(|e| BatchFailure::Query("BEGIN", e))?;
     let leases = match kind {
@@ -115,7 +115,7 @@ impl LockStore for PgLockStore {
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {
         let conn = self.db.conn().await?;
-        match locks::count_held(conn).await {
+        match crate::db::in_tx(conn, async |c| locks::count_held(c).await).await {
             Ok(n) => Ok(n),
             Err(e) => Err(self.db.query_failed("count_held", e)),
         }
