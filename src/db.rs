@@ -223,7 +223,6 @@ pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::Migra
 pub fn describe(err: &sqlx::Error) -> String {
     match err {
         sqlx::Error::Database(db) => return describe_server_error(db.as_ref()),
-        sqlx::Error::Tls(cause) => return describe_tls(&cause.to_string()),
         sqlx::Error::Protocol(what) => {
             return format!(
                 "protocol error: the server or a connection pooler in between answered out of \
@@ -243,7 +242,12 @@ pub fn describe(err: &sqlx::Error) -> String {
         }
         source = cause.source();
     }
-    msg
+    // sqlx reports a failed handshake as an I/O error ("error communicating
+    // with database: invalid peer certificate: …"), not always as `Tls`.
+    match tls_word(&msg) {
+        Some(word) => format!("{word} ({msg})"),
+        None => msg,
+    }
 }
 
 /// The server's own words: message, detail, hint and SQLSTATE (not sqlx's
@@ -280,23 +284,28 @@ fn describe_server_error(db: &dyn sqlx::error::DatabaseError) -> String {
     msg
 }
 
-/// One clear word for a TLS failure: which of the usual three it is.
-fn describe_tls(cause: &str) -> String {
+/// One clear word for a TLS failure: which of the usual ones it is.
+fn tls_word(cause: &str) -> Option<&'static str> {
     let lower = cause.to_ascii_lowercase();
-    let word = if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
-        "TLS failure: unknown CA: the server's certificate is not signed by the CA in sslrootcert \
-         (PGSSLROOTCERT)"
-    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
-        "TLS failure: host name mismatch: the server's certificate does not name the host \
-         connected to (sslmode=verify-full checks it)"
-    } else if lower.contains("expired") || lower.contains("notvalidyet") {
-        "TLS failure: the server's certificate is expired or not yet valid"
-    } else if lower.contains("does not support") {
-        "TLS failure: the server does not accept TLS connections but sslmode requires them"
-    } else {
-        "TLS failure"
-    };
-    format!("{word} ({cause})")
+    Some(
+        if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+            "TLS failure: unknown CA: the server's certificate is not signed by the CA in \
+             sslrootcert (PGSSLROOTCERT)"
+        } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+            "TLS failure: host name mismatch: the server's certificate does not name the host \
+             connected to (sslmode=verify-full checks it)"
+        } else if lower.contains("invalid peer certificate: expired")
+            || lower.contains("notvalidyet")
+        {
+            "TLS failure: the server's certificate is expired or not yet valid"
+        } else if lower.contains("server does not support tls") {
+            "TLS failure: the server does not accept TLS connections, but sslmode requires them"
+        } else if lower.contains("invalid peer certificate") || lower.contains("tls") {
+            "TLS failure"
+        } else {
+            return None;
+        },
+    )
 }
 
 #[cfg(test)]

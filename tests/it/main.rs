@@ -10,3 +10,5 @@ mod privilege;
 mod support;
 mod sweep;
 mod systemd;
+mod topology;
+mod topology_support;
