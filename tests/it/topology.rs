@@ -81,7 +81,12 @@ struct Control {
     seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-async fn control_client(opts: PgConnectOptions, named: bool, stop: Arc<AtomicBool>) -> Control {
+async fn control_client(
+    opts: PgConnectOptions,
+    named: bool,
+    reversed: bool,
+    stop: Arc<AtomicBool>,
+) -> Control {
     let out = Arc::new(Control::default());
     while !stop.load(Ordering::Relaxed) {
         let (o, s, opts) = (out.clone(), stop.clone(), opts.clone());
@@ -93,19 +98,34 @@ async fn control_client(opts: PgConnectOptions, named: bool, stop: Arc<AtomicBoo
             let mut i: i64 = 0;
             while !s.load(Ordering::Relaxed) {
                 i += 1;
-                // Two shapes: one column, then three.
-                let one = sqlx::query_scalar::<_, i64>("SELECT $1::int8 + 1")
-                    .persistent(named)
-                    .bind(i)
-                    .fetch_one(&mut conn)
-                    .await;
-                let three =
-                    sqlx::query_as::<_, (i64, i64, i64)>("SELECT $1::int8, 2::int8, 3::int8")
-                        .persistent(named)
-                        .bind(i)
-                        .fetch_one(&mut conn)
-                        .await;
-                match (one, three) {
+                // Two shapes, one column and three. A reversed client
+                // prepares them in the other order, so its `sqlx_s_1` is the
+                // other one's `sqlx_s_2`: on a shared server connection a
+                // cached name then runs the other statement.
+                let mut one = None;
+                let mut three = None;
+                for step in 0..2 {
+                    if (step == 0) != reversed {
+                        one = Some(
+                            sqlx::query_scalar::<_, i64>("SELECT $1::int8 + 1")
+                                .persistent(named)
+                                .bind(i)
+                                .fetch_one(&mut conn)
+                                .await,
+                        );
+                    } else {
+                        three = Some(
+                            sqlx::query_as::<_, (i64, i64, i64)>(
+                                "SELECT $1::int8, 2::int8, 3::int8",
+                            )
+                            .persistent(named)
+                            .bind(i)
+                            .fetch_one(&mut conn)
+                            .await,
+                        );
+                    }
+                }
+                match (one.unwrap(), three.unwrap()) {
                     (Ok(a), Ok(b)) if a == i + 1 && b == (i, 2, 3) => {
                         o.ok.fetch_add(1, Ordering::Relaxed);
                     }
@@ -125,8 +145,16 @@ async fn control_client(opts: PgConnectOptions, named: bool, stop: Arc<AtomicBoo
                 }
             }
         });
-        if task.await.is_err() {
+        if let Err(e) = task.await {
             out.panics.fetch_add(1, Ordering::Relaxed);
+            if let Ok(p) = e.try_into_panic() {
+                let text = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                out.seen.lock().unwrap().insert(format!("PANIC: {text}"));
+            }
         }
     }
     Arc::try_unwrap(out).unwrap_or_default()
@@ -181,8 +209,24 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
             sessions
         }));
     }
-    let named = tokio::spawn(control_client(client_opts.clone(), true, stop.clone()));
-    let unnamed = tokio::spawn(control_client(client_opts.clone(), false, stop.clone()));
+    let named = tokio::spawn(control_client(
+        client_opts.clone(),
+        true,
+        false,
+        stop.clone(),
+    ));
+    let reversed = tokio::spawn(control_client(
+        client_opts.clone(),
+        true,
+        true,
+        stop.clone(),
+    ));
+    let unnamed = tokio::spawn(control_client(
+        client_opts.clone(),
+        false,
+        false,
+        stop.clone(),
+    ));
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -218,6 +262,7 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
         sessions += c.await.unwrap();
     }
     let named = named.await.unwrap();
+    let reversed = reversed.await.unwrap();
     let unnamed = unnamed.await.unwrap();
 
     for d in &mut daemons {
@@ -251,32 +296,43 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
         "no startup parameter PgBouncer refuses: {log}"
     );
     // The hazard is real in this set-up: sqlx's defaults fail here.
-    let named_bad = named.errors.load(Ordering::Relaxed)
-        + named.wrong.load(Ordering::Relaxed)
-        + named.panics.load(Ordering::Relaxed);
+    let bad = |c: &Control| {
+        c.errors.load(Ordering::Relaxed)
+            + c.wrong.load(Ordering::Relaxed)
+            + c.panics.load(Ordering::Relaxed)
+    };
+    let named_bad = bad(&named) + bad(&reversed);
     assert!(
         named_bad > 0,
         "the control client with named statements never tripped; the test shuffles nothing"
     );
+    let show = |c: &Control| {
+        format!(
+            "ok={} errors={} wrong={} panics={}",
+            c.ok.load(Ordering::Relaxed),
+            c.errors.load(Ordering::Relaxed),
+            c.wrong.load(Ordering::Relaxed),
+            c.panics.load(Ordering::Relaxed)
+        )
+    };
     eprintln!(
         "FIGURES pgbouncer_transaction: daemons=3 server_connections=2 leases={} jobs={JOBS} \
-         reported_once=all sweep_failed=0 job_reap_failed=0 panics=0 took={:.1}s churn_sessions={sessions} \
-         control_named(ok={} errors={} wrong={} panics={}) \
-         control_unnamed_outside_tx(ok={} errors={} wrong={} panics={})",
+         reported_once=all sweep_failed=0 job_reap_failed=0 panics=0 took={:.1}s \
+         churn_sessions={sessions} control_named({}) control_named_reversed({}) \
+         control_unnamed_outside_tx({})",
         ROUNDS * PER_ROUND as usize,
         took.as_secs_f64(),
-        named.ok.load(Ordering::Relaxed),
-        named.errors.load(Ordering::Relaxed),
-        named.wrong.load(Ordering::Relaxed),
-        named.panics.load(Ordering::Relaxed),
-        unnamed.ok.load(Ordering::Relaxed),
-        unnamed.errors.load(Ordering::Relaxed),
-        unnamed.wrong.load(Ordering::Relaxed),
-        unnamed.panics.load(Ordering::Relaxed),
+        show(&named),
+        show(&reversed),
+        show(&unnamed),
     );
-    for (what, c) in [("named", &named), ("unnamed_outside_tx", &unnamed)] {
+    for (what, c) in [
+        ("named", &named),
+        ("named_reversed", &reversed),
+        ("unnamed_outside_tx", &unnamed),
+    ] {
         for e in c.seen.lock().unwrap().iter() {
-            eprintln!("  control_{what} error: {e}");
+            eprintln!("  control_{what}: {e}");
         }
     }
 }
@@ -317,7 +373,14 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     let primary = blocking(move || {
         ThrowawayPg::start_tcp(
             p1,
-            &[("synchronous_commit", "on"), ("log_connections", "on")],
+            &[
+                ("synchronous_commit", "on"),
+                ("log_connections", "on"),
+                // The standby inherits it: a standby whose primary is gone
+                // retries WAL every 5 s by default, and notices a promotion
+                // only then.
+                ("wal_retrieve_retry_interval", "200ms"),
+            ],
         )
     })
     .await
