@@ -306,12 +306,18 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
         }
     };
     let took = started.elapsed().as_millis();
-    let who: Result<(String, String, bool), _> = sqlx::query_as(
-        "SELECT current_user::text, current_setting('server_version'),
+    // Each check runs in its own short transaction: through PgBouncer in
+    // transaction mode a statement outside one may be prepared on one server
+    // connection and executed on another (see crate::db::in_tx).
+    let who: Result<(String, String, bool), _> = crate::db::in_tx(&mut conn, async |c| {
+        sqlx::query_as(
+            "SELECT current_user::text, current_setting('server_version'),
                 (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
-    )
-    .persistent(false)
-    .fetch_one(&mut conn)
+        )
+        .persistent(false)
+        .fetch_one(c)
+        .await
+    })
     .await;
     match who {
         Ok((role, version, superuser)) => {
@@ -339,7 +345,7 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     lines.push(migrations(conn, redactor).await);
     for object in EXPECTED {
         lines.push(
-            exists(conn, *object)
+            crate::db::in_tx(conn, async |c| exists(c, *object).await)
                 .await
                 .unwrap_or_else(|e| query_failed(object.to_string(), redactor, &e)),
         );
@@ -347,7 +353,7 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     for grant in GRANTS {
         let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
         lines.push(
-            granted(conn, grant, &what)
+            crate::db::in_tx(conn, async |c| granted(c, grant, &what).await)
                 .await
                 .unwrap_or_else(|e| query_failed(what, redactor, &e)),
         );
@@ -361,37 +367,41 @@ fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
 /// Compares the database's `_sqlx_migrations` with the migrations built in.
 async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     const WHAT: &str = "migrations";
-    let table: Option<String> =
-        match sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+    let table: Option<String> = match crate::db::in_tx(conn, async |c| {
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
             .persistent(false)
-            .fetch_one(&mut *conn)
+            .fetch_one(c)
             .await
-        {
-            Ok(t) => t,
-            Err(e) => return query_failed(WHAT.into(), redactor, &e),
-        };
+    })
+    .await
+    {
+        Ok(t) => t,
+        Err(e) => return query_failed(WHAT.into(), redactor, &e),
+    };
     if table.is_none() {
         return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}"));
     }
-    let applied: Vec<(i64, bool, Vec<u8>)> =
-        match sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
+    let applied: Vec<(i64, bool, Vec<u8>)> = match crate::db::in_tx(conn, async |c| {
+        sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
             .persistent(false)
-            .fetch_all(&mut *conn)
+            .fetch_all(c)
             .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                let mut line = query_failed(WHAT.into(), redactor, &e);
-                if e.as_database_error()
-                    .and_then(|d| d.code())
-                    .is_some_and(|c| c == "42501")
-                {
-                    line.detail
-                        .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
-                }
-                return line;
+    })
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            let mut line = query_failed(WHAT.into(), redactor, &e);
+            if e.as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42501")
+            {
+                line.detail
+                    .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
             }
-        };
+            return line;
+        }
+    };
     let built: Vec<_> = crate::db::MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())

@@ -256,6 +256,11 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
     })
     .await;
     let took = started.elapsed();
+    // The one-shot commands through the same pool, churn still running.
+    for args in [&["check"][..], &["jobs", "dry-run"], &["gates"]] {
+        let (code, out) = run_cli(args, &url, &port).await;
+        assert_eq!(code, Some(0), "{args:?} through PgBouncer:\n{out}");
+    }
     stop.store(true, Ordering::Relaxed);
     let mut sessions = 0;
     for c in churn {
@@ -335,6 +340,68 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
             eprintln!("  control_{what}: {e}");
         }
     }
+}
+
+/// Runs a one-shot subcommand against `url`; returns its exit code and output.
+async fn run_cli(args: &[&str], url: &str, statsd_port: &str) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(crate::support::binary())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env(url, statsd_port))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("running lease-sweeper");
+    (
+        out.status.code(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
+    let db = TestDb::empty().await;
+    let mut conn = db.connect().await;
+    let (server, server_port, user) = server_of(&db.url);
+    // Session pooling pins each client connection to a server connection for
+    // its life: every daemon holds two (lock sweep, job reaper).
+    let bouncer = Bouncer::start(&server, server_port, &db.name, &user, "session", 6).await;
+    let url = format!("postgres://{user}@127.0.0.1:{}/{}", bouncer.port, db.name);
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    // sqlx's migrator holds a session advisory lock across its transactions:
+    // fine in session mode.
+    let (code, out) = run_cli(&["migrate"], &url, &port).await;
+    assert_eq!(code, Some(0), "migrate through PgBouncer (session):\n{out}");
+    let (code, out) = run_cli(&["check"], &url, &port).await;
+    assert_eq!(code, Some(0), "check through PgBouncer (session):\n{out}");
+    let mut daemons: Vec<Daemon> = (0..2).map(|_| Daemon::spawn(&env(&url, &port))).collect();
+    insert_expired(&mut conn, "session-", 20, 10).await;
+    let all_keys = |daemons: &[Daemon]| -> Vec<String> {
+        daemons
+            .iter()
+            .flat_map(|d| lease_keys(&d.lines()))
+            .collect()
+    };
+    wait_until(Duration::from_secs(10), "the expiries", || async {
+        all_keys(&daemons).len() >= 20
+    })
+    .await;
+    for d in &mut daemons {
+        d.signal(libc::SIGTERM);
+        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    }
+    let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
+    for bad in ["sweep_failed", "job_reap_failed"] {
+        assert_eq!(events(&lines, bad), vec![], "no {bad}");
+    }
+    assert_each_once(&all_keys(&daemons), 20, "session-");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
 
 /// Leases acquired through the lock server's function, key → token.
