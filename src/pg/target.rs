@@ -65,6 +65,27 @@ const KNOWN_PARAMS: &[&str] = &[
     "target_session_attrs",
 ];
 
+/// libpq parameters accepted but not acted on, with the one value that must
+/// be refused because ignoring it would weaken what the operator asked for
+/// (`None`: any value is harmless to ignore). Each ignored one is a note.
+const IGNORED_PARAMS: &[(&str, Option<&str>)] = &[
+    ("keepalives", None),
+    ("keepalives_idle", None),
+    ("keepalives_interval", None),
+    ("keepalives_count", None),
+    ("tcp_user_timeout", None),
+    ("sslcompression", None),
+    ("sslsni", None),
+    ("gssencmode", Some("require")),
+    ("channel_binding", Some("require")),
+    ("sslnegotiation", Some("direct")),
+];
+
+/// Whether `key` is one of the ignored parameters, whose values are no secret.
+fn harmless_key(key: &str) -> bool {
+    IGNORED_PARAMS.iter().any(|(k, _)| *k == key)
+}
+
 /// libpq's environment variable for each parameter.
 const ENV_VARS: &[(&str, &str)] = &[
     ("host", "PGHOST"),
@@ -238,13 +259,39 @@ impl Target {
         if let Some((_, s)) = conninfo {
             raw_secrets.extend(raw_url_password(s));
         }
-        for key in params.keys() {
-            if !KNOWN_PARAMS.contains(&key.as_str()) {
+        let mut notes = Vec::new();
+        let mut ignored = Vec::new();
+        for (key, value) in &params {
+            if KNOWN_PARAMS.contains(&key.as_str()) {
+                continue;
+            }
+            let harmless = match IGNORED_PARAMS.iter().find(|(k, _)| k == key) {
+                Some((_, None)) => true,
+                Some((_, Some(refused))) => value != refused,
+                None => false,
+            };
+            if !harmless {
+                // The value is never echoed: it may be a secret (sslpassword).
+                let what = if harmless_key(key) {
+                    format!("{key}={value}")
+                } else {
+                    key.clone()
+                };
                 return Err(format!(
-                    "unsupported parameter {key:?} (supported: {})",
+                    "unsupported parameter {what} (supported: {})",
                     KNOWN_PARAMS.join(", ")
                 ));
             }
+            notes.push(format!(
+                "connection parameter {key} is not supported by lease-sweeper and is ignored"
+            ));
+            ignored.push(key.clone());
+        }
+        for key in ignored {
+            params.remove(&key);
+        }
+        if env("PGHOSTADDR").is_some() {
+            notes.push("PGHOSTADDR is not supported and is ignored; use PGHOST".to_owned());
         }
         let mut from_env = Vec::new();
         for (key, var) in ENV_VARS {
@@ -310,7 +357,6 @@ impl Target {
 
         // Passwords: the string's (or PGPASSWORD) for every host, else the
         // password file's line for each host.
-        let mut notes = Vec::new();
         match get("password") {
             Some(pw) => {
                 raw_secrets.push(pw.to_owned());
@@ -1046,7 +1092,26 @@ mod tests {
         let err = Target::resolve(Some(("LOCKDB_URL", "postgres://h/db?bogus=1")), &|_| None)
             .err()
             .unwrap();
-        assert!(err.starts_with("unsupported parameter \"bogus\""), "{err}");
+        assert!(err.starts_with("unsupported parameter bogus ("), "{err}");
+        let t = Target::resolve(
+            Some((
+                "LOCKDB_URL",
+                "postgres://h/db?keepalives=1&gssencmode=disable",
+            )),
+            &|_| None,
+        )
+        .unwrap();
+        assert_eq!(t.notes().len(), 2, "{:?}", t.notes());
+        let err = Target::resolve(
+            Some(("LOCKDB_URL", "postgres://h/db?channel_binding=require")),
+            &|_| None,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.starts_with("unsupported parameter channel_binding"),
+            "{err}"
+        );
     }
 
     #[test]
