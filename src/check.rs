@@ -24,8 +24,9 @@ use sqlx::PgConnection;
 
 use crate::config::{DbTarget, Redactor, StatsdTarget};
 
-/// How long the preflight waits for the database. Shorter than the daemon's
-/// own connect timeout: a preflight is interactive or blocks a unit's start.
+/// How long the preflight waits for the database, per host of the target.
+/// Shorter than the daemon's own connect timeout: a preflight is interactive
+/// or blocks a unit's start.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long resolving the StatsD host may take.
@@ -284,7 +285,9 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
 async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
     let what = format!("connect {}", db.display());
     let started = Instant::now();
-    let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, crate::db::connect(db)).await {
+    // A multi-host target walks its hosts in turn: each gets the bound.
+    let bound = CONNECT_TIMEOUT * db.target().hosts().len().max(1) as u32;
+    let mut conn = match tokio::time::timeout(bound, crate::db::connect(db)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             return Err(Line::fail(
@@ -300,7 +303,7 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
                 what,
                 format!(
                     "no answer within {} s; check the host, port and firewall",
-                    CONNECT_TIMEOUT.as_secs()
+                    bound.as_secs()
                 ),
             ));
         }

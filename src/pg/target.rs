@@ -1144,6 +1144,26 @@ mod tests {
     }
 
     #[test]
+    fn session_attrs_accept_what_libpq_accepts() {
+        use Role::*;
+        use SessionAttrs as A;
+        let table = [
+            (A::Any, [true, true, true]),
+            (A::ReadWrite, [true, false, false]),
+            (A::ReadOnly, [false, true, true]),
+            (A::Primary, [true, true, false]),
+            (A::Standby, [false, false, true]),
+            // Its first pass; the second is `Any`.
+            (A::PreferStandby, [false, false, true]),
+        ];
+        for (attrs, expected) in table {
+            let got = [Writable, ReadOnlyPrimary, Standby].map(|r| attrs.accepts(r));
+            assert_eq!(got, expected, "{}", attrs.as_str());
+            assert_eq!(SessionAttrs::parse(attrs.as_str()), Some(attrs));
+        }
+    }
+
+    #[test]
     fn defaults_application_name_and_verify_needs_a_ca() {
         let t = Target::resolve(
             Some(("LOCKDB_URL", "postgres://u@h/db")),
