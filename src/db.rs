@@ -300,7 +300,7 @@ fn tls_word(cause: &str) -> Option<&'static str> {
             "TLS failure: the server's certificate is expired or not yet valid"
         } else if lower.contains("server does not support tls") {
             "TLS failure: the server does not accept TLS connections, but sslmode requires them"
-        } else if lower.contains("invalid peer certificate") || lower.contains("tls") {
+        } else if lower.contains("certificate") || lower.contains("handshake") {
             "TLS failure"
         } else {
             return None;
@@ -311,6 +311,29 @@ fn tls_word(cause: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topology_failures_get_one_clear_word() {
+        let protocol = describe(&sqlx::Error::Protocol("unexpected DataRow".into()));
+        assert!(protocol.starts_with("protocol error: "), "{protocol}");
+        assert!(protocol.contains("connection pooler"), "{protocol}");
+        let tls = |text: &str| describe(&sqlx::Error::Io(std::io::Error::other(text.to_owned())));
+        assert!(
+            tls("invalid peer certificate: UnknownIssuer").starts_with("TLS failure: unknown CA")
+        );
+        assert!(
+            tls("invalid peer certificate: certificate not valid for name \"db\"")
+                .starts_with("TLS failure: host name mismatch")
+        );
+        assert!(
+            tls("invalid peer certificate: Expired")
+                .starts_with("TLS failure: the server's certificate is expired")
+        );
+        assert_eq!(
+            tls("Connection refused (os error 111)"),
+            "error communicating with database: Connection refused (os error 111)"
+        );
+    }
 
     #[test]
     fn the_guards_are_set_locally_with_their_named_values() {

@@ -20,7 +20,7 @@ use crate::support::{
     Daemon, StatsdCapture, TestDb, count, events, fields, insert_expired, insert_stale_jobs,
     wait_until,
 };
-use crate::topology_support::{Bouncer, Certs, free_port, unprivileged};
+use crate::topology_support::{Bouncer, Certs, free_port, sbin, unprivileged};
 
 /// `lockKey` of every `lease_expired` line.
 fn lease_keys(lines: &[String]) -> Vec<String> {
@@ -759,7 +759,7 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
             let mut args = vec!["-u", "postgres", "--"];
             args.push(bin.to_str().unwrap());
             args.push("run");
-            Daemon::spawn_program(Path::new("runuser"), &args, &vars)
+            Daemon::spawn_program(&sbin("runuser"), &args, &vars)
         }
         None => Daemon::spawn_program(&bin, &["run"], &vars),
     };

@@ -64,6 +64,16 @@ pub fn unprivileged() -> Option<(u32, u32)> {
     Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
 }
 
+/// `/usr/sbin/<name>` when it exists (not on every user's PATH), else `name`.
+pub fn sbin(name: &str) -> PathBuf {
+    let full = Path::new("/usr/sbin").join(name);
+    if full.is_file() {
+        full
+    } else {
+        PathBuf::from(name)
+    }
+}
+
 /// A real PgBouncer on loopback, in front of one database.
 pub struct Bouncer {
     pub port: u16,
@@ -115,7 +125,7 @@ impl Bouncer {
         for f in ["userlist.txt", "pgbouncer.ini"] {
             fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o644)).unwrap();
         }
-        let mut cmd = tokio::process::Command::new("pgbouncer");
+        let mut cmd = tokio::process::Command::new(sbin("pgbouncer"));
         cmd.arg(dir.join("pgbouncer.ini"))
             .current_dir(&dir)
             .stdin(Stdio::null())
