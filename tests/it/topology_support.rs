@@ -181,6 +181,9 @@ pub struct Certs {
     pub wrong_ca: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
+    /// A client certificate for role `certuser`, signed by `ca`.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 impl Certs {
@@ -214,7 +217,25 @@ impl Certs {
             "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
              -out server.crt -days 2 -extfile san.ext",
         );
-        fs::set_permissions(dir.join("server.key"), fs::Permissions::from_mode(0o600)).unwrap();
+        openssl(
+            &dir,
+            &format!("req {ec} -keyout client.key -out client.csr -subj /CN=certuser"),
+        );
+        // X.509 v3 (extensions), which rustls requires of a client certificate
+        // too: without -extfile OpenSSL 3.0 signs a v1 certificate.
+        fs::write(
+            dir.join("client.ext"),
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        openssl(
+            &dir,
+            "x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+             -out client.crt -days 2 -extfile client.ext",
+        );
+        for key in ["server.key", "client.key"] {
+            fs::set_permissions(dir.join(key), fs::Permissions::from_mode(0o600)).unwrap();
+        }
         if let Some((uid, gid)) = owner {
             for f in ["server.key", "server.crt"] {
                 std::os::unix::fs::chown(dir.join(f), Some(uid), Some(gid)).unwrap();
@@ -225,6 +246,8 @@ impl Certs {
             wrong_ca: dir.join("wrong-ca.crt"),
             server_cert: dir.join("server.crt"),
             server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
             dir,
         }
     }
