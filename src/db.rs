@@ -1,14 +1,14 @@
 //! One managed connection to the lock database, and the bundled migrations.
 //!
 //! Owns connecting (through the host walk of `pg::target`), the guards every
-//! transaction sets (`BEGIN_GUARDED`), dropping a connection after any error so the next call
-//! reconnects by itself, and describing failures with their real cause instead
-//! of a pool's "timed out". It owns no SQL besides the migrations.
+//! transaction sets (`BEGIN_GUARDED`, `in_tx`), dropping a connection after
+//! any error so the next call walks the hosts again (a failover), and
+//! describing failures with their real cause and one clear word (a hot
+//! standby, a pooler, TLS) instead of a pool's "timed out". It owns no SQL
+//! besides the migrations and the guards.
 //!
 //! A pool is not used on purpose: the sweeper does one thing at a time, and a
 //! pool hides a refused connection behind `PoolTimedOut` after 30 s.
-
-use std::time::Duration;
 
 use sqlx::{Connection as _, PgConnection};
 use tracing::info;
@@ -16,10 +16,6 @@ use tracing::info;
 use crate::config::DbTarget;
 use crate::pg::target::{HostFailure, Role, WalkError};
 use crate::store::StoreError;
-
-/// How long one connection attempt may take when the target names no
-/// `connect_timeout`: per host, so a dead first host costs this much once.
-pub const CONNECT_TIMEOUT: Duration = crate::pg::target::DEFAULT_CONNECT_TIMEOUT;
 
 // The two guards below are set with `SET LOCAL` at the start of every
 // transaction (`BEGIN_GUARDED`), not as startup options or `SET`: behind
