@@ -5,9 +5,7 @@
 //! (never with its password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
-use std::str::FromStr;
-
-use sqlx::postgres::PgConnectOptions;
+use crate::pg::target::{SessionAttrs, Target, process_env};
 
 /// Default StatsD agent address: the node-local agent of most pipelines.
 pub const DEFAULT_STATSD_HOST: &str = "127.0.0.1";
@@ -18,9 +16,15 @@ pub const DEFAULT_STATSD_PORT: u16 = 8125;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "{var} is not a valid PostgreSQL URL ({cause}); expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+        "{var} is not a valid PostgreSQL URL ({cause}); expected \
+         postgres://USER[:PASSWORD]@HOST[:PORT][,HOST2[:PORT2]...]/DATABASE[?PARAM=VALUE&...] \
+         or libpq's key=value form"
     )]
     DatabaseUrl { var: &'static str, cause: String },
+    #[error(
+        "no LOCKDB_URL or DATABASE_URL, and libpq's PG* variables do not make a valid target: {0}"
+    )]
+    PgVariables(String),
     #[error("STATSD_PORT must be a port number 1-65535, got {0:?}")]
     StatsdPort(String),
     #[error("STATSD_HOST must not be empty or contain spaces, got {0:?}")]
@@ -35,83 +39,76 @@ pub enum ConfigError {
 /// Where the lock database is, with a password-free name for messages.
 #[derive(Clone)]
 pub struct DbTarget {
-    options: PgConnectOptions,
+    target: Target,
     display: String,
     secrets: Vec<String>,
 }
 
 impl DbTarget {
-    /// `LOCKDB_URL`, else `DATABASE_URL`, else libpq's `PG*` defaults.
+    /// `LOCKDB_URL`, else `DATABASE_URL`, else libpq's `PG*` variables and
+    /// defaults (`crate::pg::target` has the rules).
     pub fn from_env() -> Result<Self, ConfigError> {
         for var in ["LOCKDB_URL", "DATABASE_URL"] {
             if let Some(url) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
                 return Self::from_url(var, &url);
             }
         }
-        let options = PgConnectOptions::new();
-        Ok(Self::new(
-            options,
-            std::env::var("PGPASSWORD").ok().into_iter().collect(),
-        ))
+        let target = Target::resolve(None, &process_env).map_err(ConfigError::PgVariables)?;
+        Ok(Self::new(target))
     }
 
-    /// Parses a URL named `var` in messages (the URL itself is never echoed).
+    /// Parses a URL (or `key=value` string) named `var` in messages, completed
+    /// from the `PG*` variables; the string itself is never echoed.
     pub fn from_url(var: &'static str, url: &str) -> Result<Self, ConfigError> {
-        let mut secrets: Vec<String> = Vec::new();
-        if let Ok(parsed) = url::Url::parse(url) {
-            if let Some(pw) = parsed.password() {
-                secrets.push(pw.to_owned());
-                if let Ok(decoded) = urlencoding_decode(pw) {
-                    secrets.push(decoded);
+        match Target::resolve(Some((var, url)), &process_env) {
+            Ok(target) => Ok(Self::new(target)),
+            Err(cause) => {
+                let mut secrets: Vec<String> = Vec::new();
+                if let Ok(parsed) = url::Url::parse(url)
+                    && let Some(pw) = parsed.password()
+                {
+                    secrets.push(pw.to_owned());
                 }
-            }
-            for (k, v) in parsed.query_pairs() {
-                if k == "password" {
-                    secrets.push(v.into_owned());
-                }
+                Err(ConfigError::DatabaseUrl {
+                    var,
+                    cause: Redactor(secrets).redact(&cause),
+                })
             }
         }
-        secrets.extend(std::env::var("PGPASSWORD").ok());
-        let redactor = Redactor(secrets.clone());
-        let options = PgConnectOptions::from_str(url).map_err(|e| ConfigError::DatabaseUrl {
-            var,
-            cause: redactor.redact(&e.to_string()),
-        })?;
-        Ok(Self::new(options, secrets))
     }
 
-    fn new(options: PgConnectOptions, mut secrets: Vec<String>) -> Self {
-        secrets.retain(|s| !s.is_empty());
-        let options = options.application_name("lease-sweeper");
-        let database = options.get_database().unwrap_or(options.get_username());
-        let display = match options.get_socket() {
-            Some(dir) => format!(
-                "postgres://{}@localhost:{}/{}?host={}",
-                options.get_username(),
-                options.get_port(),
-                database,
-                dir.display()
-            ),
-            None => format!(
-                "postgres://{}@{}:{}/{}",
-                options.get_username(),
-                options.get_host(),
-                options.get_port(),
-                database
-            ),
-        };
+    fn new(target: Target) -> Self {
         Self {
-            options,
-            display,
-            secrets,
+            display: target.display(),
+            secrets: target.secrets().to_vec(),
+            target,
         }
     }
 
-    pub fn options(&self) -> &PgConnectOptions {
-        &self.options
+    /// The resolved libpq-style target: hosts, TLS, timeouts.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
-    /// `postgres://user@host:port/db`: safe to log.
+    /// What a connection must be: the operator's `target_session_attrs`, else
+    /// `read-write`, since sweeping deletes (libpq's own default is `any`).
+    pub fn session_attrs(&self) -> SessionAttrs {
+        self.target
+            .session_attrs()
+            .unwrap_or(SessionAttrs::ReadWrite)
+    }
+
+    /// Where the target came from (variable names only): for `starting`.
+    pub fn origin(&self) -> String {
+        self.target.origin().to_string()
+    }
+
+    /// Warnings about the configuration that did not stop us.
+    pub fn notes(&self) -> &[String] {
+        self.target.notes()
+    }
+
+    /// `postgres://user@host:port/db` (hosts comma-separated): safe to log.
     pub fn display(&self) -> &str {
         &self.display
     }
@@ -123,7 +120,7 @@ impl DbTarget {
 }
 
 impl std::fmt::Debug for DbTarget {
-    // PgConnectOptions' own Debug prints the password; never delegate to it.
+    // Never print the passwords the target holds.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DbTarget")
             .field("target", &self.display)
@@ -145,13 +142,6 @@ impl Redactor {
         }
         out
     }
-}
-
-fn urlencoding_decode(s: &str) -> Result<String, std::str::Utf8Error> {
-    url::form_urlencoded::parse(format!("x={s}").as_bytes())
-        .next()
-        .map(|(_, v)| Ok(v.into_owned()))
-        .unwrap_or_else(|| Ok(String::new()))
 }
 
 /// Where StatsD datagrams go. The host is resolved when sending, not here, so

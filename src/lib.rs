@@ -6,12 +6,13 @@
 //! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
 //! - `sweep`: the two independent services (`lock_sweeper`, `job_reaper`)
 //!   and the one loop that runs each (`sweep::run`).
-//! - `pg`: connections, the schema, and each table's statements.
+//! - `pg`: targets and the host walk, connections, the schema, and each
+//!   table's statements.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` seam and its error), `model` (the
-//!   records), `config` (the environment), `shutdown` (signals), `progress`
-//!   `notify` and `heartbeat` (loop liveness for systemd and containers), `throwaway` (a local PostgreSQL
-//!   for the demo and the tests).
+//!   records), `config` (the environment), `shutdown` (signals), `progress`,
+//!   `notify` and `heartbeat` (loop liveness for systemd and containers),
+//!   `throwaway` (a local PostgreSQL for the demo and the tests).
 
 pub mod cli;
 pub mod cmd;

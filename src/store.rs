@@ -69,13 +69,21 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 /// cause (scrubbed of secrets); `source()` is the driver's own error.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{work}: cannot connect to {target}: {cause}")]
+    #[error(
+        "{work}: cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)"
+    )]
     Connect {
         work: Work,
         target: String,
         cause: String,
-        #[source]
-        source: Option<Cause>,
+    },
+    /// Reachable, but no host is a server the services may use (every one a
+    /// hot standby, say): the cause is the whole message.
+    #[error("{work}: {target}: {cause}")]
+    Topology {
+        work: Work,
+        target: String,
+        cause: String,
     },
     #[error("{work}: `{query}` failed: {cause}")]
     Query {
@@ -106,6 +114,7 @@ impl StoreError {
     pub fn work(&self) -> Work {
         match self {
             StoreError::Connect { work, .. }
+            | StoreError::Topology { work, .. }
             | StoreError::Query { work, .. }
             | StoreError::Decode { work, .. }
             | StoreError::Report { work, .. } => *work,

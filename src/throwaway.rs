@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stop may take before we give up waiting.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-/// The port only names the socket file (`.s.PGSQL.5432`); no TCP is opened.
+/// The port only names the socket file (`.s.PGSQL.5432`); no TCP is opened
+/// unless a test asks for it (`start_tcp`).
 const SOCKET_PORT: u16 = 5432;
 /// The superuser `initdb` creates; trust authentication on the socket.
 pub const SUPERUSER: &str = "postgres";
@@ -81,6 +82,8 @@ pub struct ThrowawayPg {
     run_as: Option<(u32, u32)>,
     settings: Vec<(String, String)>,
     postmaster: Option<Postmaster>,
+    /// The socket's name (`.s.PGSQL.<port>`) and, with TCP on, the port.
+    port: u16,
 }
 
 struct Postmaster {
@@ -97,6 +100,61 @@ impl ThrowawayPg {
     /// Creates and starts a cluster; `extra` settings go on the postmaster's
     /// command line (`-c name=value`), after the defaults.
     pub fn start_with(extra: &[(&str, &str)]) -> Result<Self, ThrowawayError> {
+        let mut pg = Self::prepare(SOCKET_PORT, extra)?;
+        pg.initdb()?;
+        pg.start_again()?;
+        Ok(pg)
+    }
+
+    /// Like `start_with`, but also listening on loopback TCP at `port` (for
+    /// tests of TCP-only things: TLS, a pooler, a streaming standby).
+    pub fn start_tcp(port: u16, extra: &[(&str, &str)]) -> Result<Self, ThrowawayError> {
+        let mut all = vec![("listen_addresses", "127.0.0.1")];
+        all.extend_from_slice(extra);
+        let mut pg = Self::prepare(port, &all)?;
+        pg.initdb()?;
+        pg.start_again()?;
+        Ok(pg)
+    }
+
+    /// A streaming hot standby of `primary` (which must listen on TCP),
+    /// cloned with `pg_basebackup -R`, listening on loopback TCP at `port`.
+    pub fn standby_of(primary: &ThrowawayPg, port: u16) -> Result<Self, ThrowawayError> {
+        let mut extra: Vec<(&str, &str)> = vec![("listen_addresses", "127.0.0.1")];
+        extra.extend(
+            primary
+                .settings
+                .iter()
+                .filter(|(k, _)| !SETTINGS.iter().any(|(d, _)| d == k) && k != "listen_addresses")
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        let mut pg = Self::prepare(port, &extra)?;
+        let output = pg
+            .command("pg_basebackup")
+            .arg("-D")
+            .arg(pg.data_dir())
+            .args(["-R", "-X", "stream", "-c", "fast", "-h", "127.0.0.1"])
+            .args(["-p", &primary.port.to_string(), "-U", SUPERUSER])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io_err("running pg_basebackup"))?;
+        if !output.status.success() {
+            return Err(ThrowawayError::Command {
+                what: "pg_basebackup".into(),
+                status: output.status.to_string(),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            });
+        }
+        pg.start_again()?;
+        Ok(pg)
+    }
+
+    /// A fresh directory owned by the user PostgreSQL will run as.
+    fn prepare(port: u16, extra: &[(&str, &str)]) -> Result<Self, ThrowawayError> {
         let bin = find_bindir().ok_or(ThrowawayError::NoBinaries)?;
         let run_as = unprivileged_user()?;
         let root = std::env::temp_dir().join(format!(
@@ -118,16 +176,25 @@ impl ThrowawayPg {
             .chain(extra.iter())
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        let mut pg = Self {
+        Ok(Self {
             root,
             bin,
             run_as,
             settings,
             postmaster: None,
-        };
-        pg.initdb()?;
-        pg.start_again()?;
-        Ok(pg)
+            port,
+        })
+    }
+
+    /// The port of the socket (and of TCP, with `start_tcp`).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The uid/gid PostgreSQL runs as when we are root (files it must read,
+    /// such as TLS keys, are handed to it).
+    pub fn run_as(&self) -> Option<(u32, u32)> {
+        self.run_as
     }
 
     /// The directory holding the socket (use as `host` / `PGHOST`).
@@ -142,7 +209,8 @@ impl ThrowawayPg {
     /// A connection URL for `database` as the superuser, over the socket.
     pub fn url(&self, database: &str) -> String {
         format!(
-            "postgres://{SUPERUSER}@localhost:{SOCKET_PORT}/{database}?host={}",
+            "postgres://{SUPERUSER}@localhost:{}/{database}?host={}",
+            self.port,
             self.root.display()
         )
     }
@@ -198,7 +266,7 @@ impl ThrowawayPg {
             .arg("-k")
             .arg(&self.root)
             .arg("-p")
-            .arg(SOCKET_PORT.to_string());
+            .arg(self.port.to_string());
         for (k, v) in &self.settings {
             cmd.arg("-c").arg(format!("{k}={v}"));
         }
@@ -252,8 +320,12 @@ impl ThrowawayPg {
         let pid_file = self.data_dir().join("postmaster.pid");
         loop {
             if let Ok(text) = fs::read_to_string(&pid_file) {
-                // Line 8 of postmaster.pid is the server's status (PG ≥ 10).
-                if text.lines().nth(7).map(str::trim) == Some("ready") {
+                // Line 8 of postmaster.pid is the server's status (PG ≥ 10);
+                // a hot standby accepting connections says `standby`.
+                if matches!(
+                    text.lines().nth(7).map(str::trim),
+                    Some("ready" | "standby")
+                ) {
                     return Ok(());
                 }
             }
@@ -289,6 +361,11 @@ impl ThrowawayPg {
 
     fn log_path(&self) -> PathBuf {
         self.root.join("postgres.log")
+    }
+
+    /// Everything PostgreSQL logged so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     /// The last lines PostgreSQL logged, for error messages.

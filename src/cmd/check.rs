@@ -24,8 +24,9 @@ use sqlx::PgConnection;
 
 use crate::config::{DbTarget, Redactor, StatsdTarget};
 
-/// How long the preflight waits for the database. Shorter than the daemon's
-/// own connect timeout: a preflight is interactive or blocks a unit's start.
+/// How long the preflight waits for the database, per host of the target.
+/// Shorter than the daemon's own connect timeout: a preflight is interactive
+/// or blocks a unit's start.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long resolving the StatsD host may take.
@@ -284,7 +285,9 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
 async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
     let what = format!("connect {}", db.display());
     let started = Instant::now();
-    let mut conn = match tokio::time::timeout(CONNECT_TIMEOUT, crate::pg::conn::connect(db)).await {
+    // A multi-host target walks its hosts in turn: each gets the bound.
+    let bound = CONNECT_TIMEOUT * db.target().hosts().len().max(1) as u32;
+    let mut conn = match tokio::time::timeout(bound, crate::pg::conn::connect(db)).await {
         Ok(Ok(conn)) => conn,
         Ok(Err(e)) => {
             return Err(Line::fail(
@@ -300,17 +303,24 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
                 what,
                 format!(
                     "no answer within {} s; check the host, port and firewall",
-                    CONNECT_TIMEOUT.as_secs()
+                    bound.as_secs()
                 ),
             ));
         }
     };
     let took = started.elapsed().as_millis();
-    let who: Result<(String, String, bool), _> = sqlx::query_as(
-        "SELECT current_user::text, current_setting('server_version'),
+    // Each check runs in its own short transaction: through PgBouncer in
+    // transaction mode a statement outside one may be prepared on one server
+    // connection and executed on another (see crate::pg::conn::in_tx).
+    let who: Result<(String, String, bool), _> = crate::pg::conn::in_tx(&mut conn, async |c| {
+        sqlx::query_as(
+            "SELECT current_user::text, current_setting('server_version'),
                 (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
-    )
-    .fetch_one(&mut conn)
+        )
+        .persistent(false)
+        .fetch_one(c)
+        .await
+    })
     .await;
     match who {
         Ok((role, version, superuser)) => {
@@ -338,7 +348,7 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     lines.push(migrations(conn, redactor).await);
     for object in EXPECTED {
         lines.push(
-            exists(conn, *object)
+            crate::pg::conn::in_tx(conn, async |c| exists(c, *object).await)
                 .await
                 .unwrap_or_else(|e| query_failed(object.to_string(), redactor, &e)),
         );
@@ -346,7 +356,7 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     for grant in GRANTS {
         let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
         lines.push(
-            granted(conn, grant, &what)
+            crate::pg::conn::in_tx(conn, async |c| granted(c, grant, &what).await)
                 .await
                 .unwrap_or_else(|e| query_failed(what, redactor, &e)),
         );
@@ -360,35 +370,41 @@ fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
 /// Compares the database's `_sqlx_migrations` with the migrations built in.
 async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     const WHAT: &str = "migrations";
-    let table: Option<String> =
-        match sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-            .fetch_one(&mut *conn)
+    let table: Option<String> = match crate::pg::conn::in_tx(conn, async |c| {
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+            .persistent(false)
+            .fetch_one(c)
             .await
-        {
-            Ok(t) => t,
-            Err(e) => return query_failed(WHAT.into(), redactor, &e),
-        };
+    })
+    .await
+    {
+        Ok(t) => t,
+        Err(e) => return query_failed(WHAT.into(), redactor, &e),
+    };
     if table.is_none() {
         return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}"));
     }
-    let applied: Vec<(i64, bool, Vec<u8>)> =
-        match sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
-            .fetch_all(&mut *conn)
+    let applied: Vec<(i64, bool, Vec<u8>)> = match crate::pg::conn::in_tx(conn, async |c| {
+        sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
+            .persistent(false)
+            .fetch_all(c)
             .await
-        {
-            Ok(rows) => rows,
-            Err(e) => {
-                let mut line = query_failed(WHAT.into(), redactor, &e);
-                if e.as_database_error()
-                    .and_then(|d| d.code())
-                    .is_some_and(|c| c == "42501")
-                {
-                    line.detail
-                        .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
-                }
-                return line;
+    })
+    .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            let mut line = query_failed(WHAT.into(), redactor, &e);
+            if e.as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42501")
+            {
+                line.detail
+                    .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
             }
-        };
+            return line;
+        }
+    };
     let built: Vec<_> = crate::pg::migrate::MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -476,6 +492,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.oid = to_regclass($1)",
             )
+            .persistent(false)
             .bind(name)
             .fetch_optional(&mut *conn)
             .await?;
@@ -485,6 +502,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                       WHERE c.relname = $1",
                 )
+                .persistent(false)
                 .bind(name)
                 .fetch_one(&mut *conn)
                 .await?;
@@ -515,6 +533,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                   WHERE p.proname = $1 AND pg_function_is_visible(p.oid)",
             )
+            .persistent(false)
             .bind(name)
             .fetch_all(&mut *conn)
             .await?;
@@ -525,6 +544,7 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
                            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                           WHERE p.proname = $1",
                     )
+                    .persistent(false)
                     .bind(name)
                     .fetch_one(&mut *conn)
                     .await?;
@@ -554,6 +574,7 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
                         END
                    FROM unnest($2::text[]) AS p",
             )
+            .persistent(false)
             .bind(name)
             .bind(&privileges)
             .fetch_one(&mut *conn)
@@ -570,6 +591,7 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
                    FROM unnest($2::text[]) AS p
                    LEFT JOIN pg_proc f ON f.proname = $1 AND pg_function_is_visible(f.oid)",
             )
+.persistent(false)
             .bind(name)
             .bind(&privileges)
             .fetch_one(&mut *conn)

@@ -21,6 +21,7 @@ use tracing::{error, info};
 use crate::cli::{GatesArgs, GatesCommand, JobsArgs, JobsCommand};
 use crate::config::DbTarget;
 use crate::output::table;
+use crate::pg::conn::in_tx;
 use crate::pg::job_queue as q;
 
 /// Exit status of a refused apply or a rejected setting (SPEC §2: 1 is a
@@ -101,13 +102,14 @@ pub async fn run_jobs_as(
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
     let (what, result) = match &cmd {
+        // In a transaction, as everything sent: PgBouncer-safe (pg::conn::in_tx).
         JobsCommand::DryRun(limit) => (
             "fn_job_reap_stale_leases_dry_run",
-            q::dry_run(&mut conn, limit.limit).await,
+            in_tx(&mut conn, async |c| q::dry_run(c, limit.limit).await).await,
         ),
         JobsCommand::Apply { actor, limit } => (
             "fn_job_reap_stale_leases_apply",
-            q::apply(&mut conn, actor, limit.limit).await,
+            in_tx(&mut conn, async |c| q::apply(c, actor, limit.limit).await).await,
         ),
     };
     let text = result.map_err(|e| db_error(target, what, &e))?;
@@ -134,14 +136,18 @@ pub async fn run_gates_as(
     let mut conn = open(target).await?;
     let code = match args.command {
         None => {
-            let text = q::show_gates(&mut conn)
+            let text = in_tx(&mut conn, async |c| q::show_gates(c).await)
                 .await
                 .map_err(|e| db_error(target, "queue_setting", &e))?;
             print(out, &text, format, gates_table)?;
             ExitCode::SUCCESS
         }
         Some(GatesCommand::Set { key, value, actor }) => {
-            match q::set_gate(&mut conn, &key, &value, &actor).await {
+            match in_tx(&mut conn, async |c| {
+                q::set_gate(c, &key, &value, &actor).await
+            })
+            .await
+            {
                 Ok(text) => {
                     print(out, &text, format, setting_table)?;
                     ExitCode::SUCCESS

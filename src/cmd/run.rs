@@ -30,9 +30,13 @@ pub async fn run() -> anyhow::Result<()> {
     info!(
         version = env!("CARGO_PKG_VERSION"),
         database = db.display(),
+        databaseFrom = %db.origin(),
         statsd = %statsd,
         "starting"
     );
+    for note in db.notes() {
+        tracing::warn!(note = %note, "database_config_warning");
+    }
     let actor = format!("lease-sweeper@{}", super::hostname());
     let metrics = Metrics::new(statsd);
     let progress = Progress::new(LOOPS);

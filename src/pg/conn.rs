@@ -1,39 +1,72 @@
-//! One managed connection per service, and how database failures are told.
+//! One managed connection per service, its transactions, and how database
+//! failures are told.
 //!
-//! Owns connecting (with a bounded timeout and the session settings the
-//! services rely on), dropping a connection after any error so the next call
-//! reconnects by itself, and describing failures with their real cause instead
-//! of a pool's "timed out". It owns no SQL; the migrations are in `migrate`.
+//! Owns connecting (through the host walk of `pg::target`), the guards every
+//! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order "report,
+//! then commit" of every batch, dropping a connection after any error so the
+//! next call walks the hosts again (a failover), and describing failures with
+//! their real cause and one clear word (a hot standby, a pooler, TLS) instead
+//! of a pool's "timed out". It owns no SQL besides the guards; the schema is
+//! `migrate`'s.
 //!
 //! A pool is not used on purpose: each service does one thing at a time on
 //! its own connection, and a pool hides a refused connection behind
 //! `PoolTimedOut` after 30 s.
 
-use std::time::Duration;
-
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
+use tracing::info;
 
 use crate::config::DbTarget;
+use crate::pg::target::{HostFailure, Role, WalkError};
 use crate::store::{Report, StoreError, Work};
 
-/// How long one connection attempt may take before the sweep reports it and
-/// moves on; well under the 1-second rhythm times the drain bound.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+// The two guards below are set with `SET LOCAL` at the start of every
+// transaction (`BEGIN_GUARDED`), not as startup options or `SET`: behind
+// PgBouncer in transaction mode a session setting stays on whichever server
+// connection it was sent to, and PgBouncer 1.18 refuses the `options` startup
+// parameter outright.
+macro_rules! statement_timeout_ms {
+    () => {
+        "30000"
+    };
+}
+macro_rules! idle_in_transaction_timeout_ms {
+    () => {
+        "60000"
+    };
+}
 
 /// Server-side guard for any one statement: a wedged query is cancelled by
 /// PostgreSQL and reported as an error instead of stopping the sweep loop.
-const STATEMENT_TIMEOUT_MS: &str = "30000";
+pub const STATEMENT_TIMEOUT_MS: &str = statement_timeout_ms!();
 
 /// A transaction left open (say, stdout blocked while lines are written) is
 /// ended by the server, releasing its row locks for other replicas.
-const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "60000";
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = idle_in_transaction_timeout_ms!();
 
-/// A lazily opened connection that reconnects after failures; its errors
-/// name the `work` it does.
+/// How every transaction of the daemon starts: one simple-protocol round
+/// trip that opens it and sets both guards for it alone.
+pub const BEGIN_GUARDED: &str = concat!(
+    "BEGIN; SET LOCAL statement_timeout = ",
+    statement_timeout_ms!(),
+    "; SET LOCAL idle_in_transaction_session_timeout = ",
+    idle_in_transaction_timeout_ms!()
+);
+
+/// The words for a server in recovery, whichever way it is met (the walk
+/// passes it over, or a statement fails with SQLSTATE 25006).
+pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothing is deleted; \
+     sweeping resumes when it is promoted or when LOCKDB_URL names the primary";
+
+/// A lazily opened connection that reconnects after failures.
+/// Its errors name the `work` it does.
 pub struct Db {
     target: DbTarget,
     work: Work,
     conn: Option<PgConnection>,
+    /// The host of the last connection (index into the target's hosts), so a
+    /// failover to another host is logged once.
+    host: Option<usize>,
 }
 
 impl Db {
@@ -42,15 +75,28 @@ impl Db {
             target,
             work,
             conn: None,
+            host: None,
         }
     }
 
-    /// The open connection, connecting first if there is none.
+    /// The open connection, connecting first if there is none: a fresh walk
+    /// over the target's hosts, so after a failover (connection lost, the
+    /// server read-only or in recovery) the next writable host is found.
     pub async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
-            let conn = connect(&self.target)
+            let (conn, host) = connect_to(&self.target)
                 .await
                 .map_err(|e| e.for_work(self.work))?;
+            if let Some(before) = self.host.filter(|b| *b != host) {
+                let hosts = self.target.target().hosts();
+                info!(
+                    work = %self.work,
+                    from = %hosts[before].display(),
+                    to = %hosts[host].display(),
+                    "database_host_changed"
+                );
+            }
+            self.host = Some(host);
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connection was just set"))
@@ -108,9 +154,99 @@ pub enum BatchFailure {
     Report(std::io::Error),
 }
 
-/// Opens a batch's transaction.
+/// A connection that could not be opened: where to, and why (no secret).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)")]
+    Unreachable { target: String, cause: String },
+    /// Reachable, but no host is a server the sweeper may use (every one a
+    /// hot standby, say): the cause is the whole message.
+    #[error("{target}: {cause}")]
+    Topology { target: String, cause: String },
+}
+
+impl ConnectError {
+    /// Why it failed, without the target or advice (for callers that say
+    /// those themselves, like `check`).
+    pub fn cause(&self) -> &str {
+        match self {
+            ConnectError::Unreachable { cause, .. } | ConnectError::Topology { cause, .. } => cause,
+        }
+    }
+
+    /// The same failure as a service's store error.
+    pub fn for_work(self, work: Work) -> StoreError {
+        match self {
+            ConnectError::Unreachable { target, cause } => StoreError::Connect {
+                work,
+                target,
+                cause,
+            },
+            ConnectError::Topology { target, cause } => StoreError::Topology {
+                work,
+                target,
+                cause,
+            },
+        }
+    }
+}
+
+/// Opens one connection: the first host of the target with the session the
+/// target asks for (read-write unless told otherwise).
+pub async fn connect(target: &DbTarget) -> Result<PgConnection, ConnectError> {
+    connect_to(target).await.map(|(conn, _)| conn)
+}
+
+/// `connect`, also saying which host (index into the target's hosts) it is.
+pub async fn connect_to(target: &DbTarget) -> Result<(PgConnection, usize), ConnectError> {
+    target
+        .target()
+        .connect(target.session_attrs())
+        .await
+        .map_err(|walk| walk_failed(target, &walk))
+}
+
+/// One message for a walk that found no usable host: each host's reason, in
+/// walk order; the hot-standby words alone when every host is one.
+fn walk_failed(target: &DbTarget, walk: &WalkError) -> ConnectError {
+    let redact = |s: String| target.redactor().redact(&s);
+    if walk.all_standby() {
+        return ConnectError::Topology {
+            target: target.display().to_owned(),
+            cause: HOT_STANDBY.to_owned(),
+        };
+    }
+    let reason = |failure: &HostFailure| match failure {
+        HostFailure::Connect(e) => describe(e),
+        HostFailure::Timeout(t) => format!("no answer within {} s", t.as_secs()),
+        HostFailure::Role(Role::Standby) => {
+            "a hot standby (in recovery), passed over for a writable server".to_owned()
+        }
+        HostFailure::Role(Role::ReadOnlyPrimary) => format!(
+            "sessions are read-only (default_transaction_read_only), not {}",
+            walk.attrs.as_str()
+        ),
+        HostFailure::Role(Role::Writable) => {
+            format!("a writable primary, not {}", walk.attrs.as_str())
+        }
+    };
+    let cause = match walk.attempts.as_slice() {
+        [(_, only)] => reason(only),
+        many => many
+            .iter()
+            .map(|(host, f)| format!("{host}: {}", reason(f)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    ConnectError::Unreachable {
+        target: target.display().to_owned(),
+        cause: redact(cause),
+    }
+}
+
+/// Opens a batch's transaction, guarded like every other (`BEGIN_GUARDED`).
 pub async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, BatchFailure> {
-    conn.begin()
+    conn.begin_with(BEGIN_GUARDED)
         .await
         .map_err(|e| BatchFailure::Query("BEGIN", e))
 }
@@ -131,63 +267,33 @@ pub async fn report_then_commit<T>(
         .map_err(|e| BatchFailure::Query("COMMIT", e))
 }
 
-/// A connection that could not be opened: where to, and why (no secret).
-#[derive(Debug, thiserror::Error)]
-#[error("cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)")]
-pub struct ConnectError {
-    target: String,
-    cause: String,
-    #[source]
-    source: Option<sqlx::Error>,
-}
-
-impl ConnectError {
-    /// Why it failed, without the target or advice (for callers that say
-    /// those themselves, like `check`).
-    pub fn cause(&self) -> &str {
-        &self.cause
-    }
-
-    /// The same failure as a service's store error.
-    pub fn for_work(self, work: Work) -> StoreError {
-        StoreError::Connect {
-            work,
-            target: self.target,
-            cause: self.cause,
-            source: self.source.map(|e| Box::new(e) as _),
-        }
-    }
-}
-
-/// Opens one connection with the services' session settings.
-pub async fn connect(target: &DbTarget) -> Result<PgConnection, ConnectError> {
-    let options = target.options().clone().options([
-        ("statement_timeout", STATEMENT_TIMEOUT_MS),
-        (
-            "idle_in_transaction_session_timeout",
-            IDLE_IN_TRANSACTION_TIMEOUT_MS,
-        ),
-    ]);
-    let failed = |cause: String, source: Option<sqlx::Error>| ConnectError {
-        target: target.display().to_owned(),
-        cause: target.redactor().redact(&cause),
-        source,
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(failed(describe(&e), Some(e))),
-        Err(_) => Err(failed(
-            format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
-            None,
-        )),
-    }
+/// Runs `body` in one transaction opened with `BEGIN_GUARDED` and commits.
+/// The daemon sends nothing outside a transaction: behind PgBouncer in
+/// transaction mode, a statement's Parse and its Bind must reach the same
+/// server connection, which only a transaction guarantees.
+pub async fn in_tx<T>(
+    conn: &mut PgConnection,
+    body: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    let mut tx = conn.begin_with(BEGIN_GUARDED).await?;
+    let out = body(&mut tx).await?;
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// A one-line description of a database error with its underlying cause
 /// (sqlx's Display alone often says only "error communicating with database").
 pub fn describe(err: &sqlx::Error) -> String {
-    if let sqlx::Error::Database(db) = err {
-        return describe_server_error(db.as_ref());
+    match err {
+        sqlx::Error::Database(db) => return describe_server_error(db.as_ref()),
+        sqlx::Error::Protocol(what) => {
+            return format!(
+                "protocol error: the server or a connection pooler in between answered out of \
+                 turn ({what}); the connection is dropped and reopened (PgBouncer in \
+                 transaction mode: see docs/topologies.md)"
+            );
+        }
+        _ => {}
     }
     let mut msg = err.to_string();
     let mut source = std::error::Error::source(err);
@@ -199,7 +305,12 @@ pub fn describe(err: &sqlx::Error) -> String {
         }
         source = cause.source();
     }
-    msg
+    // sqlx reports a failed handshake as an I/O error ("error communicating
+    // with database: invalid peer certificate: …"), not always as `Tls`.
+    match tls_word(&msg) {
+        Some(word) => format!("{word} ({msg})"),
+        None => msg,
+    }
 }
 
 /// The server's own words: message, detail, hint and SQLSTATE (not sqlx's
@@ -220,6 +331,81 @@ fn describe_server_error(db: &dyn sqlx::error::DatabaseError) -> String {
         if code == "42P01" || code == "42883" {
             msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
         }
+        // read_only_sql_transaction: connected to a standby (target_session_attrs
+        // let it through, or it was demoted under us).
+        if code == "25006" {
+            return format!("{HOT_STANDBY} (SQLSTATE 25006: {})", db.message());
+        }
+        // A pooler's protocol_violation, or prepared statements lost or
+        // mixed up between server connections.
+        if code == "08P01" || code == "26000" || code == "42P05" {
+            msg.push_str(
+                "; a connection pooler in between? see docs/topologies.md for PgBouncer's settings",
+            );
+        }
     }
     msg
+}
+
+/// One clear word for a TLS failure: which of the usual ones it is.
+fn tls_word(cause: &str) -> Option<&'static str> {
+    let lower = cause.to_ascii_lowercase();
+    Some(
+        if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
+            "TLS failure: unknown CA: the server's certificate is not signed by the CA in \
+             sslrootcert (PGSSLROOTCERT)"
+        } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
+            "TLS failure: host name mismatch: the server's certificate does not name the host \
+             connected to (sslmode=verify-full checks it)"
+        } else if lower.contains("invalid peer certificate: expired")
+            || lower.contains("notvalidyet")
+        {
+            "TLS failure: the server's certificate is expired or not yet valid"
+        } else if lower.contains("server does not support tls") {
+            "TLS failure: the server does not accept TLS connections, but sslmode requires them"
+        } else if lower.contains("certificate") || lower.contains("handshake") {
+            "TLS failure"
+        } else {
+            return None;
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_failures_get_one_clear_word() {
+        let protocol = describe(&sqlx::Error::Protocol("unexpected DataRow".into()));
+        assert!(protocol.starts_with("protocol error: "), "{protocol}");
+        assert!(protocol.contains("connection pooler"), "{protocol}");
+        let tls = |text: &str| describe(&sqlx::Error::Io(std::io::Error::other(text.to_owned())));
+        assert!(
+            tls("invalid peer certificate: UnknownIssuer").starts_with("TLS failure: unknown CA")
+        );
+        assert!(
+            tls("invalid peer certificate: certificate not valid for name \"db\"")
+                .starts_with("TLS failure: host name mismatch")
+        );
+        assert!(
+            tls("invalid peer certificate: Expired")
+                .starts_with("TLS failure: the server's certificate is expired")
+        );
+        assert_eq!(
+            tls("Connection refused (os error 111)"),
+            "error communicating with database: Connection refused (os error 111)"
+        );
+    }
+
+    #[test]
+    fn the_guards_are_set_locally_with_their_named_values() {
+        assert_eq!(
+            BEGIN_GUARDED,
+            format!(
+                "BEGIN; SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+                 SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+            )
+        );
+    }
 }

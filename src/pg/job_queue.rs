@@ -48,11 +48,15 @@ pub const SET_GATE: &str = "SELECT fn_queue_setting_set($1, $2, $3)::text";
 pub const REJECTED_SQLSTATE: &str = "22023";
 
 pub async fn gate_refusal(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(GATE_REFUSAL).fetch_one(conn).await
+    sqlx::query_scalar(GATE_REFUSAL)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
 }
 
 pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(DRY_RUN)
+        .persistent(false)
         .bind(limit)
         .fetch_one(conn)
         .await
@@ -64,6 +68,7 @@ pub async fn apply(
     limit: i32,
 ) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(APPLY)
+        .persistent(false)
         .bind(actor)
         .bind(limit)
         .fetch_one(conn)
@@ -71,7 +76,10 @@ pub async fn apply(
 }
 
 pub async fn show_gates(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(SHOW_GATES).fetch_one(conn).await
+    sqlx::query_scalar(SHOW_GATES)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
 }
 
 pub async fn set_gate(
@@ -81,6 +89,7 @@ pub async fn set_gate(
     actor: &str,
 ) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(SET_GATE)
+        .persistent(false)
         .bind(key)
         .bind(value)
         .bind(actor)
@@ -116,7 +125,7 @@ impl PgJobQueue {
     pub async fn gate_refusal(&mut self) -> Result<Option<String>, StoreError> {
         const WHAT: &str = "fn_job_reaper_gate_refusal";
         let conn = self.db.conn().await?;
-        match gate_refusal(conn).await {
+        match conn::in_tx(conn, async |c| gate_refusal(c).await).await {
             Ok(None) => Ok(None),
             Ok(Some(text)) => decode::<ApplyReport>(WHAT, &text)
                 .map(|r| Some(r.reason.unwrap_or(text)))
@@ -129,7 +138,7 @@ impl PgJobQueue {
     pub async fn stale_count(&mut self) -> Result<u64, StoreError> {
         const WHAT: &str = "fn_job_reap_stale_leases_dry_run";
         let conn = self.db.conn().await?;
-        match dry_run(conn, COUNT_DRY_RUN_LIMIT).await {
+        match conn::in_tx(conn, async |c| dry_run(c, COUNT_DRY_RUN_LIMIT).await).await {
             Ok(text) => decode::<DryRunSummary>(WHAT, &text)
                 .map(|s| s.stale_lease_count)
                 .map_err(|f| self.db.batch_failed(f)),

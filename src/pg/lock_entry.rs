@@ -56,6 +56,7 @@ pub async fn reap_expired(
     after_millis: i64,
 ) -> Result<Vec<ExpiredLease>, sqlx::Error> {
     let rows: Vec<LeaseRow> = sqlx::query_as(REAP_EXPIRED)
+        .persistent(false)
         .bind(limit)
         .bind(after_millis)
         .fetch_all(conn)
@@ -71,6 +72,7 @@ pub async fn drain_takeovers(
     limit: i32,
 ) -> Result<Vec<ExpiredLease>, sqlx::Error> {
     let rows: Vec<LeaseRow> = sqlx::query_as(DRAIN_TAKEOVERS)
+        .persistent(false)
         .bind(limit)
         .fetch_all(conn)
         .await?;
@@ -81,5 +83,8 @@ pub async fn drain_takeovers(
 }
 
 pub async fn count_held(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(COUNT_HELD).fetch_one(conn).await
+    sqlx::query_scalar(COUNT_HELD)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
 }

@@ -107,7 +107,7 @@ impl LockStore for PgLockStore {
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {
         let conn = self.db.conn().await?;
-        match locks::count_held(conn).await {
+        match conn::in_tx(conn, async |c| locks::count_held(c).await).await {
             Ok(n) => Ok(n),
             Err(e) => Err(self.db.query_failed("count(*) FROM lock_entry", e)),
         }

@@ -9,7 +9,9 @@ use sqlx::PgConnection;
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Applies the bundled migrations; safe to run again and from several
-/// replicas at once (sqlx takes an advisory lock).
+/// replicas at once (sqlx takes a session advisory lock, held across the
+/// migrations' transactions: run it directly against PostgreSQL or through a
+/// session-mode pool, never through PgBouncer in transaction mode).
 pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(conn).await
 }

@@ -1,6 +1,8 @@
 //! The PostgreSQL layer: connections, the schema, and each table's
 //! statements beside the code that runs them.
 //!
+//! `target` reads where the database is (libpq's conventions: URLs with
+//! several hosts, `PG*` variables, `.pgpass`) and walks its hosts;
 //! `conn` opens and describes connections; `migrate` applies the bundled
 //! schema; `lock_entry` holds the statements on `lock_entry` and its takeover
 //! outbox, run in batches by `lock_store` (the `LockStore` for `backend=pg`);
@@ -8,9 +10,18 @@
 //! Nothing here logs, counts or decides when to run: the services in `sweep`
 //! and the commands in `cmd` do. Every statement is a literal; none is
 //! assembled at run time.
+//!
+//! Every statement is sent unnamed (`.persistent(false)`) and inside a
+//! transaction (`conn::in_tx`, `conn::begin`): a named one (sqlx caches
+//! `sqlx_s_N` per client connection) would outlive its transaction, and
+//! behind PgBouncer in transaction mode the next transaction may run on a
+//! server connection that never saw it, or saw another client's statement
+//! under that name; outside a transaction even an unnamed statement's Parse
+//! and Bind may reach different server connections (docs/topologies.md).
 
 pub mod conn;
 pub mod job_queue;
 pub mod lock_entry;
 pub mod lock_store;
 pub mod migrate;
+pub mod target;

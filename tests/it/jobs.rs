@@ -1770,11 +1770,12 @@ async fn cli_database_errors_never_carry_the_password() {
     assert!(out.is_empty());
 }
 
-/// Runs the real binary with only `LOCKDB_URL` (and PATH) set; returns the
-/// exit code, stdout and stderr.
+/// Runs the real binary as a script does (`--json`), with only
+/// `LOCKDB_URL` (and PATH) set; returns the exit code, stdout and stderr.
 async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
     let out = tokio::process::Command::new(crate::support::binary())
         .args(args)
+        .arg("--json")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("LOCKDB_URL", &db.url)

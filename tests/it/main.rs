@@ -13,3 +13,5 @@ mod services;
 mod support;
 mod sweep;
 mod systemd;
+mod topology;
+mod topology_support;

@@ -303,7 +303,12 @@ impl Daemon {
     }
 
     pub fn spawn_args(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut cmd = tokio::process::Command::new(binary());
+        Self::spawn_program(&binary(), args, env)
+    }
+
+    /// Like `spawn_args` with another program in front (e.g. `runuser`).
+    pub fn spawn_program(program: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default());

@@ -1,0 +1,260 @@
+//! Plumbing for the topology tests: free loopback ports, a real PgBouncer
+//! started as an unprivileged user, certificates made with openssl, and
+//! running the real binary as another OS user.
+//!
+//! It owns no assertions; `topology` does.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A loopback TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("binding an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts TCP connections on loopback `port`.
+pub async fn wait_listening(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "{what} never listened on {port}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A scratch directory readable by the unprivileged user (when root).
+pub fn scratch_dir(tag: &str, owner: Option<(u32, u32)>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "lease-sweeper-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+    }
+    dir
+}
+
+/// uid/gid of the `postgres` user when we are root (PgBouncer and
+/// PostgreSQL refuse to run as root), else `None` (run as ourselves).
+pub fn unprivileged() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let name = std::ffi::CString::new("postgres").unwrap();
+    // SAFETY: getpwnam returns NULL or static storage, read at once.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(!pw.is_null(), "running as root needs a `postgres` user");
+    // SAFETY: non-null pointer from getpwnam.
+    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+}
+
+/// `/usr/sbin/<name>` when it exists (not on every user's PATH), else `name`.
+pub fn sbin(name: &str) -> PathBuf {
+    let full = Path::new("/usr/sbin").join(name);
+    if full.is_file() {
+        full
+    } else {
+        PathBuf::from(name)
+    }
+}
+
+/// A real PgBouncer on loopback, in front of one database.
+pub struct Bouncer {
+    pub port: u16,
+    child: tokio::process::Child,
+    dir: PathBuf,
+}
+
+impl Bouncer {
+    /// Starts PgBouncer with `pool_mode` and `pool_size` server connections
+    /// for database `dbname`, reached at `server` (a socket directory or a
+    /// host) and `server_port`, logging in as `user` with trust.
+    /// No `ignore_startup_parameters`: a client sending a parameter
+    /// PgBouncer does not know is refused, as in a default install.
+    pub async fn start(
+        server: &str,
+        server_port: u16,
+        dbname: &str,
+        user: &str,
+        pool_mode: &str,
+        pool_size: u32,
+    ) -> Self {
+        let owner = unprivileged();
+        let dir = scratch_dir("pgbouncer", owner);
+        let port = free_port();
+        fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n")).unwrap();
+        fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n\
+                 {dbname} = host={server} port={server_port} dbname={dbname} user={user}\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = trust\n\
+                 auth_file = {}\n\
+                 pool_mode = {pool_mode}\n\
+                 default_pool_size = {pool_size}\n\
+                 min_pool_size = 0\n\
+                 reserve_pool_size = 0\n\
+                 max_client_conn = 200\n\
+                 server_reset_query =\n\
+                 log_connections = 0\n\
+                 log_disconnections = 0\n",
+                dir.join("userlist.txt").display()
+            ),
+        )
+        .unwrap();
+        for f in ["userlist.txt", "pgbouncer.ini"] {
+            fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let mut cmd = tokio::process::Command::new(sbin("pgbouncer"));
+        cmd.arg(dir.join("pgbouncer.ini"))
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                fs::File::create(dir.join("pgbouncer.log")).unwrap(),
+            ))
+            .kill_on_drop(true);
+        if let Some((uid, gid)) = owner {
+            cmd.uid(uid).gid(gid);
+        }
+        let child = cmd
+            .spawn()
+            .expect("starting pgbouncer (Debian: apt-get install pgbouncer)");
+        wait_listening(port, "pgbouncer").await;
+        Self { port, child, dir }
+    }
+
+    /// What PgBouncer logged (errors it saw from clients and servers).
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs openssl with `args` (split on spaces) in `dir`, failing the test
+/// with its output.
+fn openssl(dir: &Path, args: &str) {
+    let out = Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running openssl (Debian: apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Certificates made for one test: a CA, a server certificate it signed
+/// for `localhost` only, and an unrelated CA.
+pub struct Certs {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub wrong_ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    /// A client certificate for role `certuser`, signed by `ca`.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl Certs {
+    /// Makes them in a directory owned by `owner` (the server reads the key,
+    /// which must be its own and 0600).
+    pub fn make(owner: Option<(u32, u32)>) -> Self {
+        let dir = scratch_dir("tls", None);
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        for (name, cn) in [
+            ("ca", "lease-sweeper-test-CA"),
+            ("wrong-ca", "someone-elses-CA"),
+        ] {
+            openssl(
+                &dir,
+                &format!(
+                    "req -x509 {ec} -keyout {name}.key -out {name}.crt -days 2 -subj /CN={cn}"
+                ),
+            );
+        }
+        openssl(
+            &dir,
+            &format!("req {ec} -keyout server.key -out server.csr -subj /CN=localhost"),
+        );
+        fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        openssl(
+            &dir,
+            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+             -out server.crt -days 2 -extfile san.ext",
+        );
+        openssl(
+            &dir,
+            &format!("req {ec} -keyout client.key -out client.csr -subj /CN=certuser"),
+        );
+        // X.509 v3 (extensions), which rustls requires of a client certificate
+        // too: without -extfile OpenSSL 3.0 signs a v1 certificate.
+        fs::write(
+            dir.join("client.ext"),
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        )
+        .unwrap();
+        openssl(
+            &dir,
+            "x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+             -out client.crt -days 2 -extfile client.ext",
+        );
+        for key in ["server.key", "client.key"] {
+            fs::set_permissions(dir.join(key), fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        if let Some((uid, gid)) = owner {
+            for f in ["server.key", "server.crt"] {
+                std::os::unix::fs::chown(dir.join(f), Some(uid), Some(gid)).unwrap();
+            }
+        }
+        Self {
+            ca: dir.join("ca.crt"),
+            wrong_ca: dir.join("wrong-ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+            dir,
+        }
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
