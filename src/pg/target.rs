@@ -503,7 +503,8 @@ impl Target {
     }
 
     /// `postgres://user@h1:p1,h2:p2/db`, no password; a single socket
-    /// directory as `postgres://user@localhost:port/db?host=/dir`.
+    /// directory as libpq writes it, `postgres://user@/db?host=/dir` (with
+    /// `&port=N` when the socket file is not `.s.PGSQL.5432`).
     pub fn display(&self) -> String {
         let mut query = Vec::new();
         let netloc = match self.hosts.as_slice() {
@@ -514,8 +515,13 @@ impl Target {
                     ..
                 },
             ] => {
+                // libpq's own form for a socket: no TCP host or port in the
+                // authority; the port only names the socket file.
                 query.push(format!("host={}", dir.display()));
-                format!("localhost:{port}")
+                if *port != DEFAULT_PORT {
+                    query.push(format!("port={port}"));
+                }
+                String::new()
             }
             hosts => hosts
                 .iter()
@@ -1085,10 +1091,7 @@ mod tests {
         .unwrap();
         assert_eq!(t.dbname(), "my db");
         assert_eq!(t.secrets(), ["a ' b"]);
-        assert_eq!(
-            t.display(),
-            "postgres://me@localhost:5433/my%20db?host=/run/pg"
-        );
+        assert_eq!(t.display(), "postgres://me@/my%20db?host=/run/pg&port=5433");
         let err = Target::resolve(Some(("LOCKDB_URL", "postgres://h/db?bogus=1")), &|_| None)
             .err()
             .unwrap();

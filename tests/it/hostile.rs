@@ -408,7 +408,8 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
     assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
     let lines = d.lines();
     assert!(
-        events(&lines, "starting")[0]["database"].starts_with("postgres://sweeper@localhost:5432/"),
+        events(&lines, "starting")[0]["database"]
+            .starts_with("postgres://sweeper@/postgres?host=/"),
         "{lines:#?}"
     );
     assert_no_secret("run with the right password", &lines.join("\n"));
