@@ -19,8 +19,9 @@ pub struct PgLockStore {
     db: Db,
     /// Where the next expired-lease batch resumes (epoch milliseconds): the
     /// newest deadline of the previous batch while a sweep is draining full
-    /// batches, 0 (from the oldest) at the start of each sweep.
-    resume_after_millis: i64,
+    /// batches, None (from the oldest, pre-1970 and -infinity included) at
+    /// the start of each sweep.
+    resume_after_millis: Option<i64>,
 }
 
 /// Which of the two deleting statements a batch runs.
@@ -34,7 +35,7 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target),
-            resume_after_millis: 0,
+            resume_after_millis: None,
         }
     }
 
@@ -48,11 +49,14 @@ impl PgLockStore {
         let conn = self.db.conn().await?;
         let after = self.resume_after_millis;
         // Until this batch comes back full, the next one starts from the oldest.
-        self.resume_after_millis = 0;
+        self.resume_after_millis = None;
         match batch_in_tx(conn, kind, limit, after, report).await {
             Ok((n, newest)) => {
+                // A batch with a row set aside is short (n counts reaped
+                // rows only), so the sweep stops and the next one retries
+                // the row once: no loop over a row that keeps failing.
                 if matches!(kind, Batch::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
-                    self.resume_after_millis = newest.unwrap_or(0);
+                    self.resume_after_millis = newest;
                 }
                 Ok(n)
             }
@@ -67,14 +71,14 @@ async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Batch,
     limit: i32,
-    after_millis: i64,
+    after_millis: Option<i64>,
     report: Report<'_>,
 ) -> Result<(usize, Option<i64>), BatchFailure> {
     let mut tx = conn
         .begin()
         .await
         .map_err(|e| BatchFailure::Query("BEGIN", e))?;
-    let leases = match kind {
+    let batch = match kind {
         Batch::Expired => locks::reap_expired(&mut tx, limit, after_millis)
             .await
             .map_err(|e| BatchFailure::Query("reap_expired", e))?,
@@ -82,6 +86,8 @@ async fn batch_in_tx(
             .await
             .map_err(|e| BatchFailure::Query("drain_takeovers", e))?,
     };
+    log_set_aside(&batch.set_aside);
+    let leases = batch.reaped;
     if !leases.is_empty() {
         report(&leases).map_err(BatchFailure::Report)?;
     }
@@ -90,6 +96,21 @@ async fn batch_in_tx(
         .map_err(|e| BatchFailure::Query("COMMIT", e))?;
     let newest = leases.iter().map(|l| l.expired_at_millis).max();
     Ok((leases.len(), newest))
+}
+
+/// One ERROR line per lease the database set aside (issue 11): it was not
+/// deleted, every other lease of its batch was; the next sweep retries it.
+fn log_set_aside(rows: &[locks::SetAsideLease]) {
+    for row in rows {
+        tracing::error!(
+            lockKey = %row.lock_key,
+            token = row.token,
+            ownerId = %row.owner_id,
+            reapedBy = row.reaped_by.as_str(),
+            cause = %row.cause,
+            "lease_set_aside"
+        );
+    }
 }
 
 impl LockStore for PgLockStore {

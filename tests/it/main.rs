@@ -1,6 +1,7 @@
 //! Integration tests against a real PostgreSQL, real UDP and the real binary.
 //! One test binary, so the suite starts one throwaway cluster (see `support`).
 
+mod bad_rows;
 mod check;
 mod daemon;
 mod faults;
