@@ -64,6 +64,23 @@ pub struct ApplyReport {
     pub dead_letter_count: u64,
     #[serde(default)]
     pub actions: Vec<JobAction>,
+    /// Stale jobs apply could not reap (a row failing inside it): left as
+    /// they are, each logged once at ERROR as `job_set_aside`. Absent when
+    /// there were none.
+    #[serde(default)]
+    pub set_aside: Vec<SetAsideJob>,
+}
+
+/// A stale job apply set aside so the rest of its batch could be reaped.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SetAsideJob {
+    pub job_id: String,
+    #[serde(default)]
+    pub job_kind: Option<String>,
+    #[serde(default)]
+    pub lease_owner: Option<String>,
+    /// The database's error, with its SQLSTATE.
+    pub error: String,
 }
 
 /// One reaped job, as apply reports it.
@@ -281,6 +298,18 @@ async fn apply_in_tx(
     if report.refused {
         // Nothing was changed; the gates closed since they were read.
         return Ok(Batch::Refused(report.reason.unwrap_or(text)));
+    }
+    // Not reaped, so nothing to write before the commit; a set-aside job
+    // keeps the batch short, so the sweep moves on and the next retries it.
+    for job in &report.set_aside {
+        tracing::error!(
+            jobId = %job.job_id,
+            jobKind = %job.job_kind.as_deref().unwrap_or(""),
+            leaseOwner = %job.lease_owner.as_deref().unwrap_or(""),
+            cause = %job.error,
+            backend = BACKEND,
+            "job_set_aside"
+        );
     }
     if !report.actions.is_empty() {
         events

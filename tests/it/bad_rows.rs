@@ -42,6 +42,15 @@ async fn refused_with(conn: &mut PgConnection, sql: &str, code: &str) -> String 
 
 /// The real daemon on `db` until `done(lines)`; then SIGTERM, exit 0.
 async fn daemon_until(db: &TestDb, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    daemon_with_statsd_until(db, what, |l, _| done(l)).await.0
+}
+
+/// The same, with the StatsD capture it sent to.
+async fn daemon_with_statsd_until(
+    db: &TestDb,
+    what: &str,
+    done: impl Fn(&[String], &StatsdCapture) -> bool,
+) -> (Vec<String>, StatsdCapture) {
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let mut daemon = Daemon::spawn(&[
@@ -50,14 +59,14 @@ async fn daemon_until(db: &TestDb, what: &str, done: impl Fn(&[String]) -> bool)
         ("STATSD_PORT", &port),
     ]);
     wait_until(Duration::from_secs(20), what, || async {
-        done(&daemon.lines())
+        done(&daemon.lines(), &statsd)
     })
     .await;
     daemon.signal(libc::SIGTERM);
     let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
     let lines = daemon.lines();
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
-    lines
+    (lines, statsd)
 }
 
 fn keys(lines: &[String], event: &str, field: &str) -> Vec<String> {
@@ -334,7 +343,374 @@ async fn migrating_a_database_holding_infinite_lease_deadlines_fails_naming_the_
     assert_eq!(events(&lines, "lease_expired").len(), 10);
 }
 
-#[allow(dead_code)]
-async fn unused(conn: &mut PgConnection) {
-    insert_stale_jobs(conn, "x", 0, 0, 1, 0).await;
+async fn open_gates(conn: &mut PgConnection) {
+    exec(
+        conn,
+        "SELECT fn_queue_setting_set('queue.job_substrate.enabled', 'true', 'test');
+         SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'true', 'test');
+         SELECT fn_queue_setting_set('queue.lease.reaper_dry_run_only', 'false', 'test');",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn job_and_setting_values_the_reaper_cannot_handle_are_refused_at_the_door_by_named_constraints()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let ids = insert_stale_jobs(&mut conn, "k", 1, 0, 5, 1_000).await;
+    for (sql, constraint) in [
+        (
+            format!(
+                "UPDATE job_queue SET attempts = 2147483647 WHERE job_id = '{}'",
+                ids[0]
+            ),
+            "job_queue_attempts_at_most_1000000",
+        ),
+        (
+            format!(
+                "UPDATE job_queue SET lease_until = '-infinity' WHERE job_id = '{}'",
+                ids[0]
+            ),
+            "job_queue_lease_until_finite",
+        ),
+        (
+            format!(
+                "UPDATE job_queue SET lease_until = 'infinity' WHERE job_id = '{}'",
+                ids[0]
+            ),
+            "job_queue_lease_until_finite",
+        ),
+        (
+            "UPDATE queue_setting SET value = 'ten' WHERE key = 'queue.retry.backoff_base_sec'"
+                .to_owned(),
+            "queue_setting_seconds_from_1_to_86400",
+        ),
+        (
+            "UPDATE queue_setting SET value = '0' WHERE key = 'queue.lease.duration_sec'"
+                .to_owned(),
+            "queue_setting_seconds_from_1_to_86400",
+        ),
+        (
+            "UPDATE queue_setting SET value = '99999999999' WHERE key = 'queue.lease.duration_sec'"
+                .to_owned(),
+            "queue_setting_seconds_from_1_to_86400",
+        ),
+        (
+            "UPDATE queue_setting SET value = 'yes' WHERE key = 'queue.lease.reaper_enabled'"
+                .to_owned(),
+            "queue_setting_boolean_is_true_or_false",
+        ),
+    ] {
+        let msg = refused_with(&mut conn, &sql, "23514").await;
+        assert!(msg.contains(constraint), "{sql}: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn stale_jobs_beside_an_overflowing_or_minus_infinity_one_are_all_reaped_in_the_same_sweep() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    open_gates(&mut conn).await;
+    let ordinary = insert_stale_jobs(&mut conn, "ordinary", 5, 0, 5, 60_000).await;
+    // Rows the constraints refuse now, as a database might hold them from
+    // before (constraint dropped by hand here).
+    exec(&mut conn, "ALTER TABLE job_queue DROP CONSTRAINT job_queue_attempts_at_most_1000000, DROP CONSTRAINT job_queue_lease_until_finite").await;
+    let overflow = insert_stale_jobs(&mut conn, "overflow", 1, i32::MAX, 5, 120_000).await;
+    let never: String = sqlx::query_scalar(
+        "INSERT INTO job_queue (job_kind, state, attempts, max_attempts, lease_owner, lease_until)
+         VALUES ('never', 'leased', 0, 5, 'w', '-infinity') RETURNING job_id::text",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    // The dry run and the gauge it feeds see all seven.
+    let (code, out) = run_binary(&["jobs", "dry-run"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("\"stale_lease_count\": 7") || out.contains("\"stale_lease_count\":7"),
+        "{out}"
+    );
+
+    let (lines, statsd) =
+        daemon_with_statsd_until(&db, "6 reaped, 1 set aside, gauge 1", |l, s| {
+            events(l, "job_lease_expired").len() >= 6
+                && !events(l, "job_set_aside").is_empty()
+                && s.gauge("queue.lease.stale.current", "#backend:pg") == Some(1)
+        })
+        .await;
+
+    let mut reaped = keys(&lines, "job_lease_expired", "jobId");
+    reaped.dedup();
+    let mut expected: Vec<String> = ordinary.clone();
+    expected.push(never.clone());
+    expected.sort();
+    assert_eq!(
+        reaped, expected,
+        "the five ordinary ones and the -infinity one"
+    );
+    let never_line = events(&lines, "job_lease_expired")
+        .into_iter()
+        .find(|f| f["jobId"] == never)
+        .unwrap();
+    assert_eq!(never_line["overdueMillis"], I64_MAX);
+    let aside = events(&lines, "job_set_aside");
+    assert!(
+        aside.iter().all(|f| f["jobId"] == overflow[0]
+            && f["level"] == "error"
+            && f["cause"] == "integer out of range (SQLSTATE 22003)"),
+        "{aside:?}"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM job_queue WHERE job_id = $1::uuid")
+        .bind(&overflow[0])
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        state, "leased",
+        "set aside: left as it was, still counted stale"
+    );
+    assert_eq!(
+        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
+        Some(1)
+    );
+    eprintln!(
+        "FIGURES bad_rows_jobs: reaped=6 (5 ordinary + -infinity) set_aside_lines={} stale_gauge=1 lost=0",
+        aside.len()
+    );
+}
+
+/// Anything the constraints cannot foresee: a trigger refusing to touch one
+/// job. Its neighbours are reaped; it is set aside and named.
+#[tokio::test]
+async fn a_stale_job_that_fails_inside_apply_is_set_aside_and_every_other_one_is_reaped() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    open_gates(&mut conn).await;
+    exec(
+        &mut conn,
+        "CREATE FUNCTION refuse_cursed_job() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.job_kind = 'cursed' THEN RAISE EXCEPTION 'job % is under legal hold', OLD.job_id; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_cursed_job BEFORE UPDATE ON job_queue FOR EACH ROW EXECUTE FUNCTION refuse_cursed_job();",
+    )
+    .await;
+    let cursed = insert_stale_jobs(&mut conn, "cursed", 1, 0, 5, 120_000).await;
+    let reset = insert_stale_jobs(&mut conn, "ordinary", 40, 0, 5, 60_000).await;
+    let dead = insert_stale_jobs(&mut conn, "last-try", 3, 4, 5, 60_000).await;
+
+    let lines = daemon_until(&db, "43 reaped and 1 set aside", |l| {
+        events(l, "job_lease_expired").len() >= 43 && !events(l, "job_set_aside").is_empty()
+    })
+    .await;
+
+    let reported = events(&lines, "job_lease_expired");
+    assert_eq!(reported.len(), 43);
+    assert_eq!(
+        reported
+            .iter()
+            .filter(|f| f["action"] == "reset_to_retry_waiting")
+            .count(),
+        reset.len()
+    );
+    assert_eq!(
+        reported
+            .iter()
+            .filter(|f| f["action"] == "moved_to_dead_letter")
+            .count(),
+        dead.len()
+    );
+    let aside = &events(&lines, "job_set_aside")[0];
+    assert_eq!(aside["jobId"], cursed[0]);
+    assert_eq!(aside["jobKind"], "cursed");
+    assert!(
+        aside["cause"].contains("is under legal hold (SQLSTATE P0001)"),
+        "{aside:?}"
+    );
+    // Lifted: the next sweep reaps it.
+    exec(&mut conn, "DROP FUNCTION refuse_cursed_job() CASCADE").await;
+    let lines = daemon_until(&db, "the set-aside job", |l| {
+        events(l, "job_lease_expired").len() >= 1
+    })
+    .await;
+    assert_eq!(keys(&lines, "job_lease_expired", "jobId"), cursed);
+}
+
+#[tokio::test]
+async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them_and_the_fix() {
+    let db = TestDb::empty().await;
+    let mut conn = db.connect().await;
+    migrate_to(&mut conn, BEFORE_ISSUE_11).await;
+    let ids = insert_stale_jobs(&mut conn, "k", 3, 0, 5, 1_000).await;
+    exec(
+        &mut conn,
+        &format!(
+            "UPDATE job_queue SET attempts = 2147483647 WHERE job_id = '{}'",
+            ids[0]
+        ),
+    )
+    .await;
+    exec(
+        &mut conn,
+        &format!(
+            "UPDATE job_queue SET lease_until = '-infinity' WHERE job_id = '{}'",
+            ids[1]
+        ),
+    )
+    .await;
+    exec(
+        &mut conn,
+        "UPDATE queue_setting SET value = 'ten' WHERE key = 'queue.retry.backoff_base_sec'",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&format!("job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))", ids[1])), "{out}");
+    assert!(
+        out.contains("UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)"),
+        "{out}"
+    );
+    exec(
+        &mut conn,
+        "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&format!("job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))", ids[0])), "{out}");
+    assert!(
+        out.contains("UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000"),
+        "{out}"
+    );
+    exec(
+        &mut conn,
+        "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("fn_queue_setting_set('queue.retry.backoff_base_sec', '10'"),
+        "{out}"
+    );
+    exec(
+        &mut conn,
+        "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+}
+
+#[tokio::test]
+async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_records_its_actor() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    exec(
+        &mut conn,
+        "SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'alice')",
+    )
+    .await;
+    exec(
+        &mut conn,
+        "UPDATE queue_setting SET value = '120' WHERE key = 'queue.lease.duration_sec'",
+    )
+    .await;
+    exec(
+        &mut conn,
+        "INSERT INTO queue_setting (key, value, updated_by) VALUES ('custom.note', 'x', 'bob')",
+    )
+    .await;
+    exec(
+        &mut conn,
+        "DELETE FROM queue_setting WHERE key = 'custom.note'",
+    )
+    .await;
+    // The setter's actor never leaks onto a later direct write of the same transaction.
+    exec(&mut conn, "BEGIN; SELECT fn_queue_setting_set('queue.lease.duration_sec', '90', 'carol'); UPDATE queue_setting SET value = '100' WHERE key = 'queue.lease.duration_sec'; COMMIT;").await;
+    let who: String = sqlx::query_scalar("SELECT session_user::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let audit: Vec<(String, Option<String>, Option<String>, String, String)> = sqlx::query_as(
+        "SELECT key, old_value, new_value, actor, changed_by_role FROM queue_setting_audit ORDER BY audit_id",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let s = |v: &str| Some(v.to_owned());
+    assert_eq!(
+        audit,
+        vec![
+            (
+                "queue.lease.duration_sec".into(),
+                s("300"),
+                s("60"),
+                "alice".into(),
+                who.clone()
+            ),
+            (
+                "queue.lease.duration_sec".into(),
+                s("60"),
+                s("120"),
+                format!("direct update by {who}"),
+                who.clone()
+            ),
+            (
+                "custom.note".into(),
+                None,
+                s("x"),
+                format!("direct insert by {who}"),
+                who.clone()
+            ),
+            (
+                "custom.note".into(),
+                s("x"),
+                None,
+                format!("direct delete by {who}"),
+                who.clone()
+            ),
+            (
+                "queue.lease.duration_sec".into(),
+                s("120"),
+                s("90"),
+                "carol".into(),
+                who.clone()
+            ),
+            (
+                "queue.lease.duration_sec".into(),
+                s("90"),
+                s("100"),
+                format!("direct update by {who}"),
+                who.clone()
+            ),
+        ]
+    );
+    open_gates(&mut conn).await;
+    let ids = insert_stale_jobs(&mut conn, "k", 2, 0, 5, 1_000).await;
+    exec(
+        &mut conn,
+        "SELECT fn_job_reap_stale_leases_apply('reaper@host-a', 10)",
+    )
+    .await;
+    let reaped: Vec<(String, String)> = sqlx::query_as(
+        "SELECT reaped_by, reaped_by_role FROM job_queue WHERE job_id = ANY($1::uuid[])",
+    )
+    .bind(&ids)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(reaped, vec![("reaper@host-a".to_owned(), who.clone()); 2]);
 }
