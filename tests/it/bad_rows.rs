@@ -19,6 +19,9 @@ use crate::support::{
 /// The last migration before issue 11's.
 const BEFORE_ISSUE_11: i64 = 20261129000300;
 
+/// key, old_value, new_value, actor, changed_by_role.
+type AuditRow = (String, Option<String>, Option<String>, String, String);
+
 const I64_MIN: &str = "-9223372036854775808";
 const I64_MAX: &str = "9223372036854775807";
 
@@ -532,7 +535,7 @@ async fn a_stale_job_that_fails_inside_apply_is_set_aside_and_every_other_one_is
     // Lifted: the next sweep reaps it.
     exec(&mut conn, "DROP FUNCTION refuse_cursed_job() CASCADE").await;
     let lines = daemon_until(&db, "the set-aside job", |l| {
-        events(l, "job_lease_expired").len() >= 1
+        !events(l, "job_lease_expired").is_empty()
     })
     .await;
     assert_eq!(keys(&lines, "job_lease_expired", "jobId"), cursed);
@@ -644,7 +647,7 @@ async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_r
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let audit: Vec<(String, Option<String>, Option<String>, String, String)> = sqlx::query_as(
+    let audit: Vec<AuditRow> = sqlx::query_as(
         "SELECT key, old_value, new_value, actor, changed_by_role FROM queue_setting_audit ORDER BY audit_id",
     )
     .fetch_all(&mut conn)
