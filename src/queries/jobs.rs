@@ -20,14 +20,19 @@ pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
 pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 
 /// Every queue setting with who changed it last, plus what the gates say now.
+///
+/// Built-ins are `pg_catalog.`-qualified: `gates` is often run by a
+/// superuser, and an unqualified `jsonb_agg` or `jsonb_build_object` resolves
+/// to a better-matching overload any role with CREATE on `public` may plant
+/// (tests/it/holes.rs).
 pub const SHOW_GATES: &str = "
-SELECT jsonb_build_object(
-           'settings', coalesce((SELECT jsonb_agg(jsonb_build_object(
+SELECT pg_catalog.jsonb_build_object(
+           'settings', coalesce((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                                             'key', key,
                                             'value', value,
                                             'updated_at', updated_at,
                                             'updated_by', updated_by) ORDER BY key)
-                                   FROM queue_setting), '[]'::jsonb),
+                                   FROM queue_setting), '[]'::pg_catalog.jsonb),
            'apply_allowed', fn_job_reaper_gate_refusal() IS NULL,
            'apply_refusal', fn_job_reaper_gate_refusal())::text";
 
