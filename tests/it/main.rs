@@ -5,6 +5,7 @@ mod bad_rows;
 mod check;
 mod daemon;
 mod faults;
+mod holes;
 mod hostile;
 mod jobs;
 mod privilege;
