@@ -179,30 +179,39 @@ $$;
 -- max_attempts with attempts bumped first), plus reaped_by/_role. Internal:
 -- called by apply only (not executable by PUBLIC).
 --
--- Planned for each call with its real arguments (force_custom_plan), so
--- "p_only IS NULL OR job_id = p_only" folds to one of its two sides: the
--- stale-index scan for a batch, the primary key for one job. (A generic plan
--- of an earlier draft guessed 10 rows and joined 10,000 actions to the dead
--- letters with a nested loop: 60 s instead of 5 for 100,000 stale jobs.)
+-- (An earlier draft took the ids as a uuid[] parameter; its generic plan
+-- guessed 10 ids and joined 10,000 actions to the dead letters with a nested
+-- loop: 60 s instead of 5 for 100,000 stale jobs.)
 CREATE FUNCTION fn_job_reap_ids(p_only uuid, p_actor text, p_limit integer, p_base bigint)
 RETURNS jsonb
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, public, pg_temp
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_result jsonb;
 BEGIN
     WITH stale AS (
-        SELECT j.job_id, j.lease_owner, j.lease_until
-          FROM job_queue AS j
-         WHERE j.state = 'leased'
-           AND j.lease_until IS NOT NULL
-           AND j.lease_until < pg_catalog.now()
-           AND (p_only IS NULL OR j.job_id = p_only)
-         ORDER BY j.lease_until, j.job_id
-         LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
+        -- A batch (p_only NULL): the stale index, oldest first. One job: its
+        -- primary key. Two branches rather than "p_only IS NULL OR job_id =
+        -- p_only", so a cached generic plan serves both well.
+        SELECT b.job_id, b.lease_owner, b.lease_until
+          FROM (SELECT j.job_id, j.lease_owner, j.lease_until
+                  FROM job_queue AS j
+                 WHERE p_only IS NULL
+                   AND j.state = 'leased'
+                   AND j.lease_until IS NOT NULL
+                   AND j.lease_until < pg_catalog.now()
+                 ORDER BY j.lease_until, j.job_id
+                 LIMIT p_limit
+                   FOR UPDATE SKIP LOCKED) AS b
+        UNION ALL
+        SELECT o.job_id, o.lease_owner, o.lease_until
+          FROM (SELECT j.job_id, j.lease_owner, j.lease_until
+                  FROM job_queue AS j
+                 WHERE j.job_id = p_only
+                   AND j.state = 'leased'
+                   AND j.lease_until < pg_catalog.now()
+                   FOR UPDATE SKIP LOCKED) AS o
     ),
     moved AS (
         UPDATE job_queue AS j
@@ -300,7 +309,7 @@ DECLARE
     v_id      uuid;
     v_body    jsonb;
     v_part    jsonb;
-    v_actions jsonb := '[]';
+    v_actions jsonb[] := '{}';
     v_reset   bigint := 0;
     v_dead    bigint := 0;
     v_aside   jsonb := '[]';
@@ -344,12 +353,16 @@ BEGIN
         FOREACH v_id IN ARRAY v_ids LOOP
             BEGIN
                 v_part := fn_job_reap_ids(v_id, p_actor, 1, v_base);
-                v_actions := v_actions OPERATOR(pg_catalog.||) (v_part -> 'actions');
+                -- One action per call; appending to a plpgsql array is
+                -- amortised O(1), appending to a jsonb array copies it.
+                IF pg_catalog.jsonb_array_length(v_part -> 'actions') > 0 THEN
+                    v_actions := pg_catalog.array_append(v_actions, v_part -> 'actions' -> 0);
+                END IF;
                 v_reset := v_reset + (v_part ->> 'reset_count')::pg_catalog.int8;
                 v_dead := v_dead + (v_part ->> 'dead_letter_count')::pg_catalog.int8;
             EXCEPTION WHEN OTHERS THEN
                 v_aside := v_aside OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(
-                    (SELECT pg_catalog.jsonb_build_object(
+                    (SELECT pg_catalog.jsonb_build_object(  -- few: a copy each is fine
                                 'job_id', j.job_id,
                                 'job_kind', j.job_kind,
                                 'lease_owner', j.lease_owner,
@@ -359,7 +372,7 @@ BEGIN
         END LOOP;
         v_body := pg_catalog.jsonb_build_object('actor', p_actor, 'refused', false,
                                                 'reset_count', v_reset, 'dead_letter_count', v_dead,
-                                                'actions', v_actions);
+                                                'actions', pg_catalog.to_jsonb(v_actions));
         IF pg_catalog.jsonb_array_length(v_aside) > 0 THEN
             v_body := v_body OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('set_aside', v_aside);
         END IF;
@@ -380,6 +393,7 @@ AS $$
 DECLARE
     v_refusal jsonb := fn_job_reaper_limit_refusal(p_limit);
     v_jobs    jsonb;
+    v_list    jsonb[] := '{}';
     v_aside   jsonb := '[]';
     r         record;
 BEGIN
@@ -402,7 +416,6 @@ BEGIN
         v_jobs := NULL;
     END;
     IF v_jobs IS NULL THEN
-        v_jobs := '[]';
         FOR r IN
             SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts
               FROM job_queue AS j
@@ -413,7 +426,7 @@ BEGIN
              LIMIT p_limit
         LOOP
             BEGIN
-                v_jobs := v_jobs OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(
+                v_list := pg_catalog.array_append(v_list,
                     fn_job_dry_run_object(r.job_id, r.job_kind, r.lease_owner, r.lease_until, r.attempts, r.max_attempts));
             EXCEPTION WHEN OTHERS THEN
                 v_aside := v_aside OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
@@ -421,6 +434,7 @@ BEGIN
                     'error', pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE)));
             END;
         END LOOP;
+        v_jobs := pg_catalog.to_jsonb(v_list);
     END IF;
     RETURN pg_catalog.jsonb_build_object(
         'evaluated_at', pg_catalog.now(),

@@ -717,3 +717,49 @@ async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_r
     .unwrap();
     assert_eq!(reaped, vec![("reaper@host-a".to_owned(), who.clone()); 2]);
 }
+
+/// The dry run's expressions are total for every row the schema admits; to
+/// prove its set-aside path anyway, the test makes one job's object fail
+/// (replacing the per-job builder for this database only).
+#[tokio::test]
+async fn a_job_that_fails_inside_the_dry_run_is_set_aside_and_the_gauge_still_counts_every_stale_job()
+ {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    exec(
+        &mut conn,
+        "CREATE OR REPLACE FUNCTION fn_job_dry_run_object(p_job_id uuid, p_job_kind text, p_lease_owner text,
+             p_lease_until timestamptz, p_attempts integer, p_max_attempts integer)
+         RETURNS jsonb LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
+         BEGIN
+             IF p_job_kind = 'cursed' THEN RAISE EXCEPTION 'cannot describe %', p_job_id; END IF;
+             RETURN pg_catalog.jsonb_build_object('job_id', p_job_id, 'job_kind', p_job_kind);
+         END $$;",
+    )
+    .await;
+    let cursed = insert_stale_jobs(&mut conn, "cursed", 1, 0, 5, 120_000).await;
+    insert_stale_jobs(&mut conn, "ordinary", 6, 0, 5, 60_000).await;
+
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run(100)::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let out: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(out["stale_lease_count"], 7, "{out}");
+    assert_eq!(out["jobs"].as_array().unwrap().len(), 6, "{out}");
+    assert_eq!(out["set_aside"][0]["job_id"], cursed[0].as_str(), "{out}");
+    assert!(
+        out["set_aside"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot describe"),
+        "{out}"
+    );
+
+    // The gauge asks for one job: the cursed one, the oldest. It still reads 7.
+    let (lines, _) = daemon_with_statsd_until(&db, "the stale gauge", |_, s| {
+        s.gauge("queue.lease.stale.current", "#backend:pg") == Some(7)
+    })
+    .await;
+    assert!(error_lines(&lines).is_empty(), "{:#?}", error_lines(&lines));
+}
