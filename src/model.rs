@@ -64,6 +64,23 @@ pub struct ApplyReport {
     pub dead_letter_count: u64,
     #[serde(default)]
     pub actions: Vec<JobAction>,
+    /// Stale jobs apply could not reap (a row failing inside it): left as
+    /// they are, each logged once at ERROR as `job_set_aside`. Absent when
+    /// there were none.
+    #[serde(default)]
+    pub set_aside: Vec<SetAsideJob>,
+}
+
+/// A stale job apply set aside so the rest of its batch could be reaped.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SetAsideJob {
+    pub job_id: String,
+    #[serde(default)]
+    pub job_kind: Option<String>,
+    #[serde(default)]
+    pub lease_owner: Option<String>,
+    /// The database's error, with its SQLSTATE.
+    pub error: String,
 }
 
 /// One reaped job, as apply reports it.

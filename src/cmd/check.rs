@@ -314,8 +314,8 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
     // connection and executed on another (see crate::pg::conn::in_tx).
     let who: Result<(String, String, bool), _> = crate::pg::conn::in_tx(&mut conn, async |c| {
         sqlx::query_as(
-            "SELECT current_user::text, current_setting('server_version'),
-                (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+            "SELECT current_user::text, pg_catalog.current_setting('server_version'),
+                (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user)",
         )
         .persistent(false)
         .fetch_one(c)
@@ -361,6 +361,73 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
                 .unwrap_or_else(|e| query_failed(what, redactor, &e)),
         );
     }
+    lines.push(
+        crate::pg::conn::in_tx(conn, async |c| definer_owners(c).await)
+            .await
+            .unwrap_or_else(|e| query_failed(DEFINER_OWNERS.into(), redactor, &e)),
+    );
+    lines.push(
+        crate::pg::conn::in_tx(conn, async |c| planted_overloads(c).await)
+            .await
+            .unwrap_or_else(|e| query_failed(PLANTED.into(), redactor, &e)),
+    );
+}
+
+const DEFINER_OWNERS: &str = "definer functions' owner";
+const PLANTED: &str = "overloads of built-ins";
+
+/// Warns (the line stays `ok`) when SECURITY DEFINER functions on this
+/// role's search path are owned by a superuser: whatever flaw they have
+/// would run with every right (issue 11).
+async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
+    let found: (Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT pg_catalog.string_agg(DISTINCT r.rolname::text, ', ') FILTER (WHERE r.rolsuper),
+                pg_catalog.string_agg(DISTINCT r.rolname::text, ', ')
+           FROM pg_catalog.pg_proc p
+           JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+          WHERE p.prosecdef
+            AND n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
+            AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name",
+    )
+    .persistent(false)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(match found {
+        (Some(superusers), _) => Line::ok(
+            DEFINER_OWNERS,
+            format!(
+                "WARNING: owned by superuser {superusers}, so a flaw in any of them runs with every right; \
+                 migrate as a dedicated owner role instead (docs/least-privilege.md, \"Migrate as a dedicated owner\")"
+            ),
+        ),
+        (None, Some(owners)) => Line::ok(
+            DEFINER_OWNERS,
+            format!("owned by {owners}, not a superuser"),
+        ),
+        (None, None) => Line::ok(DEFINER_OWNERS, "none on the search path"),
+    })
+}
+
+/// Fails when a schema on the search path holds an overload of a built-in
+/// owned by a role that is neither a superuser nor this one: it can win over
+/// the built-in in an unqualified call (CVE-2018-1058). `migrate` refuses
+/// to run then (`pg::migrate::PLANTED_OVERLOADS`, the same statement).
+async fn planted_overloads(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
+    let planted: Option<String> = sqlx::query_scalar(crate::pg::migrate::PLANTED_OVERLOADS)
+        .persistent(false)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(match planted {
+        None => Line::ok(PLANTED, "none owned by another role on the search path"),
+        Some(planted) => Line::fail(
+            PLANTED,
+            format!(
+                "{planted}: each can be chosen instead of the built-in it shadows; have it dropped and \
+                 REVOKE CREATE ON SCHEMA public FROM PUBLIC (migrate refuses to run until then)"
+            ),
+        ),
+    })
 }
 
 fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
@@ -371,7 +438,7 @@ fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
 async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     const WHAT: &str = "migrations";
     let table: Option<String> = match crate::pg::conn::in_tx(conn, async |c| {
-        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+        sqlx::query_scalar("SELECT pg_catalog.to_regclass('_sqlx_migrations')::text")
             .persistent(false)
             .fetch_one(c)
             .await
@@ -487,10 +554,12 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
         Object::Table(name) | Object::Index(name) => {
             let found: Option<(String, Option<bool>, String)> = sqlx::query_as(
                 "SELECT c.relkind::text,
-                        (SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = c.oid),
+                        (SELECT i.indisvalid FROM pg_catalog.pg_index i
+                          WHERE i.indexrelid OPERATOR(pg_catalog.=) c.oid),
                         n.nspname::text
-                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                  WHERE c.oid = to_regclass($1)",
+                   FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                  WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)",
             )
             .persistent(false)
             .bind(name)
@@ -498,9 +567,10 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
             .await?;
             let Some((relkind, valid, schema)) = found else {
                 let elsewhere: Option<String> = sqlx::query_scalar(
-                    "SELECT string_agg(DISTINCT n.nspname::text, ', ')
-                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                      WHERE c.relname = $1",
+                    "SELECT pg_catalog.string_agg(DISTINCT n.nspname::text, ', ')
+                       FROM pg_catalog.pg_class c
+                       JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE c.relname OPERATOR(pg_catalog.=) $1",
                 )
                 .persistent(false)
                 .bind(name)
@@ -530,8 +600,9 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
         Object::Function(name) => {
             let schemas: Vec<String> = sqlx::query_scalar(
                 "SELECT DISTINCT n.nspname::text
-                   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-                  WHERE p.proname = $1 AND pg_function_is_visible(p.oid)",
+                   FROM pg_catalog.pg_proc p
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+                  WHERE p.proname OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_function_is_visible(p.oid)",
             )
             .persistent(false)
             .bind(name)
@@ -540,9 +611,10 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
             Ok(match schemas.as_slice() {
                 [] => {
                     let elsewhere: Option<String> = sqlx::query_scalar(
-                        "SELECT string_agg(DISTINCT n.nspname::text, ', ')
-                           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-                          WHERE p.proname = $1",
+                        "SELECT pg_catalog.string_agg(DISTINCT n.nspname::text, ', ')
+                           FROM pg_catalog.pg_proc p
+                           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+                          WHERE p.proname OPERATOR(pg_catalog.=) $1",
                     )
                     .persistent(false)
                     .bind(name)
@@ -563,16 +635,18 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
     let lacking: Option<Vec<String>> = match grant.on {
         Object::Table(name) | Object::Index(name) => {
             sqlx::query_scalar(
-                "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE
-                        coalesce(array_agg(p) FILTER (WHERE NOT
-                            CASE WHEN p LIKE '% (%'
-                                 THEN (SELECT bool_and(has_column_privilege(
-                                              to_regclass($1), btrim(c), split_part(p, ' ', 1)))
-                                         FROM unnest(string_to_array(
-                                              rtrim(split_part(p, '(', 2), ')'), ',')) AS c)
-                                 ELSE has_table_privilege(to_regclass($1), p) END), '{}')
+                "SELECT CASE WHEN pg_catalog.to_regclass($1) IS NULL THEN NULL ELSE
+                        coalesce(pg_catalog.array_agg(p) FILTER (WHERE NOT
+                            CASE WHEN p OPERATOR(pg_catalog.~~) '% (%'
+                                 THEN (SELECT pg_catalog.bool_and(pg_catalog.has_column_privilege(
+                                              pg_catalog.to_regclass($1)::pg_catalog.oid, pg_catalog.btrim(c),
+                                              pg_catalog.split_part(p, ' ', 1)))
+                                         FROM pg_catalog.unnest(pg_catalog.string_to_array(
+                                              pg_catalog.rtrim(pg_catalog.split_part(p, '(', 2), ')'), ',')) AS c)
+                                 ELSE pg_catalog.has_table_privilege(pg_catalog.to_regclass($1)::pg_catalog.oid, p) END),
+                                 '{}'::pg_catalog.text[])
                         END
-                   FROM unnest($2::text[]) AS p",
+                   FROM pg_catalog.unnest($2::pg_catalog.text[]) AS p",
             )
             .persistent(false)
             .bind(name)
@@ -583,13 +657,16 @@ async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<L
         Object::Function(name) => {
             // Every visible overload must be callable.
             sqlx::query_scalar(
-                "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_proc f
-                                               WHERE f.proname = $1 AND pg_function_is_visible(f.oid))
+                "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc f
+                                               WHERE f.proname OPERATOR(pg_catalog.=) $1
+                                                 AND pg_catalog.pg_function_is_visible(f.oid))
                         THEN NULL ELSE
-                        coalesce(array_agg(DISTINCT p) FILTER (WHERE NOT has_function_privilege(f.oid, p)), '{}')
+                        coalesce(pg_catalog.array_agg(DISTINCT p) FILTER (WHERE NOT pg_catalog.has_function_privilege(f.oid, p)),
+                                 '{}'::pg_catalog.text[])
                         END
-                   FROM unnest($2::text[]) AS p
-                   LEFT JOIN pg_proc f ON f.proname = $1 AND pg_function_is_visible(f.oid)",
+                   FROM pg_catalog.unnest($2::pg_catalog.text[]) AS p
+                   LEFT JOIN pg_catalog.pg_proc f ON f.proname OPERATOR(pg_catalog.=) $1
+                        AND pg_catalog.pg_function_is_visible(f.oid)",
             )
 .persistent(false)
             .bind(name)

@@ -8,12 +8,13 @@
 //! the job reaper on its own connection, decodes the JSON into `model`'s
 //! shapes and writes an apply batch's lines (through the caller's `report`)
 //! before it commits. The reaping rules (gates, backoff, dead letters) are
-//! SQL's; when to reap and what to log are `sweep::job_reaper`'s.
+//! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
+//! ERROR line per job the database set aside (`job_set_aside`).
 
 use sqlx::PgConnection;
 
 use crate::config::DbTarget;
-use crate::model::{ApplyReport, DryRunSummary, JobAction};
+use crate::model::{ApplyReport, DryRunSummary, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::store::{Report, StoreError, Work};
 
@@ -29,14 +30,19 @@ pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
 pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 
 /// Every queue setting with who changed it last, plus what the gates say now.
+///
+/// Built-ins are `pg_catalog.`-qualified: `gates` is often run by a
+/// superuser, and an unqualified `jsonb_agg` or `jsonb_build_object` resolves
+/// to a better-matching overload any role with CREATE on `public` may plant
+/// (tests/it/holes.rs).
 pub const SHOW_GATES: &str = "
-SELECT jsonb_build_object(
-           'settings', coalesce((SELECT jsonb_agg(jsonb_build_object(
+SELECT pg_catalog.jsonb_build_object(
+           'settings', coalesce((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                                             'key', key,
                                             'value', value,
                                             'updated_at', updated_at,
                                             'updated_by', updated_by) ORDER BY key)
-                                   FROM queue_setting), '[]'::jsonb),
+                                   FROM queue_setting), '[]'::pg_catalog.jsonb),
            'apply_allowed', fn_job_reaper_gate_refusal() IS NULL,
            'apply_refusal', fn_job_reaper_gate_refusal())::text";
 
@@ -178,8 +184,26 @@ async fn apply_in_tx(
     if report_json.refused {
         return Ok(ApplyBatch::Refused(report_json.reason.unwrap_or(text)));
     }
+    // Not reaped, so nothing to write before the commit; a set-aside job
+    // keeps the batch short, so the pass moves on and the next retries it.
+    log_set_aside(&report_json.set_aside);
     conn::report_then_commit(tx, &report_json.actions, report).await?;
     Ok(ApplyBatch::Applied(report_json))
+}
+
+/// One ERROR line per job the database set aside (only this layer sees
+/// them: they never reach the reaper as actions).
+fn log_set_aside(jobs: &[SetAsideJob]) {
+    for job in jobs {
+        tracing::error!(
+            jobId = %job.job_id,
+            jobKind = %job.job_kind.as_deref().unwrap_or(""),
+            leaseOwner = %job.lease_owner.as_deref().unwrap_or(""),
+            cause = %job.error,
+            backend = "pg",
+            "job_set_aside"
+        );
+    }
 }
 
 fn decode<'a, T: serde::Deserialize<'a>>(

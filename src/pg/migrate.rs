@@ -1,7 +1,9 @@
 //! The bundled schema (`migrations/`, embedded at build time) and applying it.
 //!
-//! Owns only the migrator; `cmd::migrate` reports what it did and the tests
-//! migrate their throwaway databases through here.
+//! Owns the migrator and the guard in front of it (no planted overload of a
+//! built-in may run with the migrating role's rights); `cmd::migrate`
+//! reports what it did, `cmd::check` reuses the guard's statement, and the
+//! tests migrate their throwaway databases through here.
 
 use sqlx::PgConnection;
 
@@ -12,6 +14,73 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// replicas at once (sqlx takes a session advisory lock, held across the
 /// migrations' transactions: run it directly against PostgreSQL or through a
 /// session-mode pool, never through PgBouncer in transaction mode).
+///
+/// Refuses first when a schema on the search path holds a function or
+/// operator named like a built-in and owned by a role that is neither a
+/// superuser nor the migrating role (`PLANTED_OVERLOADS`): such an overload
+/// can be a better match than the built-in and would run with the migrating
+/// role's rights inside a migration (CVE-2018-1058; an early migration calls
+/// `format(…, current_schema())`, which an exact-typed `format(text, name)`
+/// beats). Function bodies are not validated at creation
+/// (`check_function_bodies = off`, as pg_dump restores do), so the schema
+/// can be installed into a schema other than `public`: the last migration
+/// re-pins every definer's search_path to that schema.
 pub async fn migrate(conn: &mut PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
-    MIGRATOR.run(conn).await
+    let planted: Option<String> = sqlx::query_scalar(PLANTED_OVERLOADS)
+        .fetch_one(&mut *conn)
+        .await?;
+    if let Some(planted) = planted {
+        return Err(sqlx::migrate::MigrateError::Source(
+            format!(
+                "refusing to migrate: {planted}; each shares a name with a PostgreSQL built-in, so it can be chosen \
+                 instead of the built-in and would run with this role's rights during the migration (CVE-2018-1058). \
+                 Have it dropped (DROP FUNCTION / DROP OPERATOR as named), run REVOKE CREATE ON SCHEMA public FROM PUBLIC, \
+                 then run lease-sweeper migrate again"
+            )
+            .into(),
+        ));
+    }
+    sqlx::raw_sql("SET check_function_bodies = off")
+        .execute(&mut *conn)
+        .await?;
+    let result = MIGRATOR.run(&mut *conn).await;
+    sqlx::raw_sql("RESET check_function_bodies")
+        .execute(&mut *conn)
+        .await?;
+    result
 }
+
+/// Functions and operators on the search path, outside pg_catalog, that
+/// share a name with a built-in and are owned by a role that is neither a
+/// superuser nor the current one; NULL when there is none. Every name here
+/// is qualified and every operand exactly typed, so nothing it finds can
+/// run while it looks.
+pub const PLANTED_OVERLOADS: &str = "
+SELECT pg_catalog.string_agg(x.what, '; ' ORDER BY x.what)
+  FROM (SELECT pg_catalog.format('function %I.%I(%s) owned by %I', n.nspname, p.proname,
+                                 pg_catalog.pg_get_function_identity_arguments(p.oid),
+                                 pg_catalog.pg_get_userbyid(p.proowner)) AS what
+          FROM pg_catalog.pg_proc AS p
+          JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+          JOIN pg_catalog.pg_roles AS o ON o.oid OPERATOR(pg_catalog.=) p.proowner
+         WHERE n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
+           AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name
+           AND NOT o.rolsuper
+           AND o.rolname OPERATOR(pg_catalog.<>) CURRENT_USER
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS b
+                        WHERE b.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
+                          AND b.proname OPERATOR(pg_catalog.=) p.proname)
+        UNION ALL
+        SELECT pg_catalog.format('operator %I.%s(%s, %s) owned by %I', n.nspname, op.oprname,
+                                 pg_catalog.format_type(op.oprleft, NULL), pg_catalog.format_type(op.oprright, NULL),
+                                 pg_catalog.pg_get_userbyid(op.oprowner))
+          FROM pg_catalog.pg_operator AS op
+          JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) op.oprnamespace
+          JOIN pg_catalog.pg_roles AS o ON o.oid OPERATOR(pg_catalog.=) op.oprowner
+         WHERE n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
+           AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name
+           AND NOT o.rolsuper
+           AND o.rolname OPERATOR(pg_catalog.<>) CURRENT_USER
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_operator AS b
+                        WHERE b.oprnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
+                          AND b.oprname OPERATOR(pg_catalog.=) op.oprname)) AS x";

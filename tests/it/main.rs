@@ -1,10 +1,12 @@
 //! Integration tests against a real PostgreSQL, real UDP and the real binary.
 //! One test binary, so the suite starts one throwaway cluster (see `support`).
 
+mod bad_rows;
 mod check;
 mod cli_output;
 mod daemon;
 mod faults;
+mod holes;
 mod hostile;
 mod jobs;
 mod liveness;

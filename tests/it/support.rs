@@ -482,3 +482,20 @@ impl JobQueueBlock {
             .expect("releasing job_queue");
     }
 }
+
+/// Applies the bundled migrations up to and including `version` only, so a
+/// test can plant rows an older schema admitted before migrating the rest.
+pub async fn migrate_to(conn: &mut PgConnection, version: i64) {
+    lease_sweeper::pg::migrate::MIGRATOR
+        .run_to(version, conn)
+        .await
+        .expect("migrations up to the given version apply");
+}
+
+/// Runs the real binary with `args` against `url`; returns its exit code and
+/// all its output (stdout and stderr).
+pub async fn run_binary(args: &[&str], url: &str) -> (Option<i32>, String) {
+    let mut d = Daemon::spawn_args(args, &[("LOCKDB_URL", url)]);
+    let (code, _) = d.wait_exit(Duration::from_secs(60)).await;
+    (code, d.lines().join("\n"))
+}

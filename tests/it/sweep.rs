@@ -373,14 +373,14 @@ async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
         .unwrap();
     // The statement is the body of the definer function; explain that body.
     let body: String =
-        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'lock_reap_expired'")
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'lock_reap_expired_fast'")
             .fetch_one(&mut conn)
             .await
             .unwrap();
     let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN {}",
         body.replace("p_limit", "5000")
-            .replace("p_after_millis", "0")
+            .replace("p_from", "'-infinity'::timestamptz")
     )))
     .fetch_all(&mut conn)
     .await
