@@ -10,7 +10,8 @@ use lease_sweeper::config::{DbTarget, StatsdTarget};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, binary, count, events, insert_expired, wait_until,
+    Daemon, StatsdCapture, TestDb, binary, count, daemon_env, events, insert_expired,
+    wait_job_passes, wait_sweeps, wait_until,
 };
 
 /// Put into every URL these tests hand to `check`; must never be printed.
@@ -200,12 +201,15 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     // …and the real daemon, as that role, sweeps without a single error.
     insert_expired(&mut admin, "lp-", 3, 10).await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_PORT", &port)]);
+    let mut daemon = Daemon::spawn(&daemon_env(&url, &port));
     wait_until(Duration::from_secs(10), "the sweep as the role", || async {
         events(&daemon.lines(), "lease_expired").len() == 3
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await; // one more full sweep
+    // One more whole pass of each service after that (a pass that failed
+    // would send no gauge): the role lacks nothing either of them needs.
+    wait_sweeps(&statsd, 2).await;
+    wait_job_passes(&statsd, 2).await;
     daemon.signal(libc::SIGTERM);
     let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
     let lines = daemon.lines();

@@ -16,7 +16,10 @@ use lease_sweeper::sweep::lock_sweeper::BATCH_SIZE;
 use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired, wait_until};
+use crate::support::{
+    Daemon, NotifySocket, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
+    open_gates, wait_until,
+};
 
 /// `(lockKey, token)` of every `lease_expired` line, in output order.
 ///
@@ -51,14 +54,6 @@ fn lease_lines(daemon: &Daemon) -> usize {
         .iter()
         .filter(|l| l.contains(" message=lease_expired "))
         .count()
-}
-
-fn env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", url),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
 }
 
 /// Every lease in the table: key → token.
@@ -172,7 +167,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     let statsd_a = StatsdCapture::start().await;
     let port_a = statsd_a.port.to_string();
     let started = Instant::now();
-    let mut a = Daemon::spawn(&env(&db.url, &port_a));
+    let mut a = Daemon::spawn(&daemon_env(&db.url, &port_a));
     wait_until(Duration::from_secs(60), "the marker's line", || async {
         a.lines()
             .iter()
@@ -242,7 +237,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
 
     let statsd_b = StatsdCapture::start().await;
     let port_b = statsd_b.port.to_string();
-    let mut b = Daemon::spawn(&env(&db.url, &port_b));
+    let mut b = Daemon::spawn(&daemon_env(&db.url, &port_b));
     wait_until(
         Duration::from_secs(60),
         "the rest of the backlog",
@@ -302,7 +297,7 @@ async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unrepor
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(60), "the first lines", || async {
         lease_lines(&daemon) >= STOP_AFTER
     })
@@ -444,8 +439,16 @@ async fn wait_output(
     }
 }
 
-/// How long a scenario keeps the database down: a few failing sweeps.
-const DOWNTIME: Duration = Duration::from_millis(3_000);
+/// How many failing passes of each loop an outage lasts at least (counted by
+/// the watchdog pings, since a failing pass sends no gauge).
+const OUTAGE_PASSES: usize = 3;
+
+/// The daemon's environment with `notify` as its systemd socket.
+fn env_with_notify<'a>(url: &'a str, port: &'a str, notify: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut env = daemon_env(url, port);
+    env.push(("NOTIFY_SOCKET", notify));
+    env
+}
 
 /// What recovering from an outage looked like.
 struct Recovery {
@@ -526,11 +529,13 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(DOWNTIME).await; // the outage: sweeps keep failing
+    notify.wait_watchdogs(OUTAGE_PASSES).await; // the outage: sweeps keep failing
     assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
     let lines = daemon.lines();
     let failed = events(&lines, "sweep_failed");
@@ -563,7 +568,9 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     let (mut pg, url) = own_cluster().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
     let mut conn = PgConnection::connect(&url).await.unwrap();
     insert_expired(&mut conn, "before-", 5, 10).await;
     wait_until(Duration::from_secs(10), "the first sweep", || async {
@@ -572,7 +579,9 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     .await;
     // Live for 2 s: still live when the server goes down (even on a loaded
     // machine), expired long before it comes back.
-    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 2_000).await;
+    const TTL: Duration = Duration::from_millis(2_000);
+    let acquired = tokio::time::Instant::now();
+    let meanwhile = acquire(&mut conn, "meanwhile-", 20, TTL.as_millis() as i64).await;
     drop(conn);
     pg = blocking(move || {
         pg.stop(StopMode::Immediate);
@@ -586,7 +595,10 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(DOWNTIME).await; // the outage; the leases expire in it
+    notify.wait_watchdogs(OUTAGE_PASSES).await; // the outage: sweeps keep failing
+    // Not a wait for sweeps: the leases must have expired before the server
+    // is back, so they are reported as having expired meanwhile.
+    tokio::time::sleep_until(acquired + TTL).await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
 
     let r = restart_and_recover(pg, &mut daemon, &url, &meanwhile).await;
@@ -648,8 +660,8 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let a = Daemon::spawn(&env(&db.url, &port));
-    let b = Daemon::spawn(&env(&db.url, &port));
+    let a = Daemon::spawn(&daemon_env(&db.url, &port));
+    let b = Daemon::spawn(&daemon_env(&db.url, &port));
     let both = |prefix: &'static str| {
         let (a, b) = (&a, &b);
         move || {
@@ -844,13 +856,9 @@ async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let lib = lib.to_string_lossy().into_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", db.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-        ("LD_PRELOAD", &lib),
-        ("FAKETIME", shift),
-    ]);
+    let mut env = daemon_env(&db.url, &port);
+    env.extend([("LD_PRELOAD", lib.as_str()), ("FAKETIME", shift)]);
+    let mut daemon = Daemon::spawn(&env);
     wait_output(
         &daemon,
         Duration::from_secs(15),
@@ -930,7 +938,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
     hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut a = Daemon::spawn(&env(&db.url, &port));
+    let mut a = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_sql(
         &mut conn,
         &db,
@@ -963,7 +971,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
     let window: HashSet<&String> = a_keys.iter().filter(|k| left.contains_key(*k)).collect();
     assert!(window.contains(&MARKER.to_owned()) && window.len() <= BATCH_SIZE);
 
-    let mut b = Daemon::spawn(&env(&db.url, &port));
+    let mut b = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(30), "the rest", || async {
         lease_lines(&b) >= left.len()
     })
@@ -999,7 +1007,7 @@ async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_ru
     hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_sql(
         &mut conn,
         &db,
@@ -1040,18 +1048,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
  {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    for (key, value) in [
-        ("queue.job_substrate.enabled", "true"),
-        ("queue.lease.reaper_enabled", "true"),
-        ("queue.lease.reaper_dry_run_only", "false"),
-    ] {
-        sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test')")
-            .bind(key)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    open_gates(&mut conn).await;
     let job: String = sqlx::query_scalar(
         "INSERT INTO job_queue (job_kind, state, attempts, max_attempts, lease_owner, lease_until)
          VALUES ('twice', 'leased', 0, 5, 'worker-1', now() - interval '1 s') RETURNING job_id::text",
@@ -1061,7 +1058,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
     .unwrap();
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_output(&daemon, Duration::from_secs(10), "the first reap", |l| {
         events(l, "job_lease_expired").len() == 1
     })
@@ -1134,7 +1131,7 @@ async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_f
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let started = Instant::now();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(30), "the outbox drained", || async {
         lease_lines(&daemon) >= STOLEN as usize
     })
