@@ -9,7 +9,8 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs,
+    Daemon, StatsdCapture, TestDb, count, daemon_env, events, insert_expired, insert_stale_jobs,
+    open_gates,
 };
 
 /// A LOGIN role granted `lease_sweeper`, as docs/least-privilege.md tells an
@@ -52,21 +53,6 @@ impl SweeperLogin {
         .await
         .unwrap();
     }
-}
-
-async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) {
-    sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test-operator')")
-        .bind(key)
-        .bind(value)
-        .execute(conn)
-        .await
-        .unwrap();
-}
-
-async fn open_gates(conn: &mut PgConnection) {
-    set_gate(conn, "queue.job_substrate.enabled", "true").await;
-    set_gate(conn, "queue.lease.reaper_enabled", "true").await;
-    set_gate(conn, "queue.lease.reaper_dry_run_only", "false").await;
 }
 
 /// A job leased to a live worker for another hour.
@@ -126,11 +112,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", login.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-    ]);
+    let mut daemon = Daemon::spawn(&daemon_env(&login.url, &port));
     crate::support::wait_until(
         Duration::from_secs(15),
         "leases and jobs reaped",
