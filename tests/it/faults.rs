@@ -12,6 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use lease_sweeper::sweep::SWEEP_DELAY;
 use lease_sweeper::sweep::lock_sweeper::BATCH_SIZE;
 use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
@@ -739,8 +740,20 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
     );
 }
 
-/// One StatsD failure mode: the daemon sweeps two rounds of leases as if
-/// nothing were wrong, stays up, warns at most once, and stops promptly.
+/// How overdue the leases of the StatsD scenarios are when inserted.
+const INSERTED_OVERDUE_MS: i64 = 10;
+
+/// What a healthy daemon may add to `SWEEP_DELAY` before a lease is reported:
+/// the rest of the pass in flight when the lease expired (milliseconds on
+/// these tables), a StatsD flush that must not wait on anything, and the
+/// scheduling delay of a 2-core machine running other builds. A flush that
+/// waited on a DNS lookup (2 s) or a send timeout would exceed it.
+const REPORT_SLACK: Duration = Duration::from_millis(1_000);
+
+/// One StatsD failure mode: the daemon sweeps three rounds of leases as if
+/// nothing were wrong: each lease is reported within one sweep delay plus
+/// `REPORT_SLACK` of expiring, by the database's clock (`overdueMillis`);
+/// it stays up, warns at most once, and stops promptly.
 async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec<u128>, Duration) {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
@@ -752,7 +765,7 @@ async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec
     let mut latencies = Vec::new();
     for round in 0..3 {
         let prefix: &'static str = ["r0-", "r1-", "r2-"][round];
-        insert_expired(&mut conn, prefix, 10, 10).await;
+        insert_expired(&mut conn, prefix, 10, INSERTED_OVERDUE_MS).await;
         let t = Instant::now();
         wait_output(&daemon, Duration::from_secs(10), "the round's lines", |l| {
             reported_with_prefix(l, prefix).len() == 10
@@ -766,6 +779,21 @@ async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec
     assert_eq!(code, Some(0));
     let lines = daemon.lines();
     assert_eq!(reported(&lines, false).len(), 30, "every line, once");
+    // overdueMillis is the database's now() at the deleting transaction less
+    // the deadline, so it is exact whatever the test's own timing: a lease
+    // that expired just after a sweep began waits out that pass and one
+    // SWEEP_DELAY, never more.
+    let bound = INSERTED_OVERDUE_MS + (SWEEP_DELAY + REPORT_SLACK).as_millis() as i64;
+    for f in events(&lines, "lease_expired") {
+        let overdue: i64 = f["overdueMillis"].parse().unwrap();
+        assert!(
+            (INSERTED_OVERDUE_MS..=bound).contains(&overdue),
+            "reported {overdue} ms after expiry, beyond one sweep delay ({} ms) plus \
+             {} ms slack: StatsD slowed the sweep: {f:?}",
+            SWEEP_DELAY.as_millis(),
+            REPORT_SLACK.as_millis()
+        );
+    }
     assert!(error_lines(&lines).is_empty(), "{lines:#?}");
     let warnings = events(&lines, "statsd_unavailable");
     assert!(warnings.len() <= 1, "not a flood: {warnings:#?}");
