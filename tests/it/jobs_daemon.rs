@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lease_sweeper::output::events::EventLog;
+use lease_sweeper::output::events::{EventLog, MemoryLog};
 use lease_sweeper::output::metrics::Metrics;
 use lease_sweeper::pg::job_queue::PgJobQueue;
 use lease_sweeper::sweep::job_reaper::{JOB_BATCH_SIZE, JobReaper};
@@ -15,6 +15,20 @@ use crate::support::{
     Daemon, REAPER, SUBSTRATE, StatsdCapture, TestDb, daemon_env, events, fields,
     insert_stale_jobs, open_gates, set_gates, set_setting, wait_job_passes, wait_until,
 };
+
+/// A job reaper in process on `db`, its lines kept in memory and its
+/// metrics sent to `statsd`, as `sweep.rs` builds a lock sweeper.
+fn reaper(db: &TestDb, statsd: &StatsdCapture) -> (JobReaper, MemoryLog, Metrics) {
+    let (log, lines) = EventLog::in_memory();
+    let metrics = Metrics::new(statsd.target());
+    let reaper = JobReaper::new(
+        PgJobQueue::new(db.target()),
+        log,
+        metrics.clone(),
+        "lease-sweeper@test-host".into(),
+    );
+    (reaper, lines, metrics)
+}
 
 #[tokio::test]
 async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_and_counts_each_action()
@@ -26,14 +40,7 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
     insert_stale_jobs(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
     insert_stale_jobs(&mut conn, "dead", 300, 2, 3, 4_000).await;
     open_gates(&mut conn).await;
-    let (log, lines) = EventLog::in_memory();
-    let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(
-        PgJobQueue::new(db.target()),
-        log,
-        metrics.clone(),
-        "lease-sweeper@test-host".into(),
-    );
+    let (mut reaper, lines, metrics) = reaper(&db, &statsd);
 
     let outcome = reaper
         .reap_once(&tokio_util::sync::CancellationToken::new())
@@ -123,14 +130,7 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
     insert_stale_jobs(&mut conn, "waiting", 7, 0, 5, 1_000).await;
     set_gates(&mut conn, true, true, true).await; // armed but safe
     let before = job_snapshot(&mut conn).await;
-    let (log, lines) = EventLog::in_memory();
-    let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(
-        PgJobQueue::new(db.target()),
-        log,
-        metrics.clone(),
-        "lease-sweeper@test-host".into(),
-    );
+    let (mut reaper, lines, metrics) = reaper(&db, &statsd);
 
     let outcome = reaper
         .reap_once(&tokio_util::sync::CancellationToken::new())

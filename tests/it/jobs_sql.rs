@@ -11,7 +11,8 @@ use sqlx::PgConnection;
 
 use crate::jobs_support::{job_snapshot, refusal};
 use crate::support::{
-    REAPER, SUBSTRATE, TestDb, count, insert_stale_jobs, open_gates, set_gates, set_setting,
+    LoginRole, REAPER, SUBSTRATE, TestDb, count, insert_stale_jobs, open_gates, set_gates,
+    set_setting,
 };
 
 async fn apply(conn: &mut PgConnection, actor: &str, limit: Option<i32>) -> Value {
@@ -856,23 +857,13 @@ async fn the_setter_rejects_unknown_keys_ill_typed_values_and_empty_actors_and_a
 async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_reroute_it() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
-    let role = format!("{}_reaper", db.name);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD 'reaper-pw'"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
-    let mut url = url::Url::parse(&db.url).unwrap();
-    url.set_username(&role).unwrap();
-    url.set_password(Some("reaper-pw")).unwrap();
+    let login = LoginRole::with_password(&db, &mut owner, "reaper", "reaper-pw", "").await;
+    let role = login.role.clone();
     let id = insert_stale_jobs(&mut owner, "guarded", 1, 4, 5, 1_000)
         .await
         .remove(0);
     open_gates(&mut owner).await;
-    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
-        .await
-        .unwrap();
+    let mut low = login.connect().await;
     let denied = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, what: &str| {
         let err = r.expect_err(&format!("{what} must be denied"));
         let code = err
@@ -970,22 +961,17 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
         "the role behind the actor name is recorded"
     );
     sqlx::Connection::close(low).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    login.drop(&mut owner).await;
 }
 
 #[tokio::test]
 async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_definer_functions() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
-    let role = format!("{}_creator", db.name);
+    let login = LoginRole::with_password(&db, &mut owner, "creator", "creator-pw", "").await;
+    let role = &login.role;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD 'creator-pw';
-         GRANT CREATE ON SCHEMA public TO {role};
+        "GRANT CREATE ON SCHEMA public TO {role};
          GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) TO {role};
          GRANT EXECUTE ON FUNCTION fn_queue_setting_set(text, text, text) TO {role};"
     )))
@@ -995,12 +981,7 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     insert_stale_jobs(&mut owner, "retry", 2, 0, 5, 1_000).await;
     insert_stale_jobs(&mut owner, "bury", 1, 0, 1, 1_000).await;
     open_gates(&mut owner).await;
-    let mut url = url::Url::parse(&db.url).unwrap();
-    url.set_username(&role).unwrap();
-    url.set_password(Some("creator-pw")).unwrap();
-    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
-        .await
-        .unwrap();
+    let mut low = login.connect().await;
     // Better-matching overloads than pg_catalog's variadic, polymorphic or
     // coercing ones, each recording who it ran as.
     sqlx::raw_sql(
@@ -1086,12 +1067,7 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     .unwrap();
     assert!(unqualified.is_empty(), "{unqualified:?}");
     sqlx::Connection::close(low).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    login.drop(&mut owner).await;
 }
 
 #[tokio::test]
