@@ -11,19 +11,9 @@ use sqlx::PgConnection;
 
 use crate::jobs_support::{job_snapshot, refusal};
 use crate::support::{
-    LoginRole, REAPER, SUBSTRATE, TestDb, count, insert_stale_jobs, open_gates, set_gates,
-    set_setting,
+    LoginRole, REAPER, SUBSTRATE, TestDb, apply_stale_leases, count, insert_stale_jobs, open_gates,
+    set_gates, set_setting,
 };
-
-async fn apply(conn: &mut PgConnection, actor: &str, limit: Option<i32>) -> Value {
-    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply($1, $2)::text")
-        .bind(actor)
-        .bind(limit)
-        .fetch_one(conn)
-        .await
-        .expect("apply runs");
-    serde_json::from_str(&text).unwrap()
-}
 
 async fn dry_run(conn: &mut PgConnection, limit: Option<i32>) -> Value {
     let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run($1)::text")
@@ -110,7 +100,7 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
     ];
     for (substrate, reaper, dry_only, actor, expected) in table {
         set_gates(&mut conn, substrate, reaper, dry_only).await;
-        let got = apply(&mut conn, actor, Some(100)).await;
+        let got = apply_stale_leases(&mut conn, actor, Some(100)).await;
         assert_eq!(
             got, expected,
             "substrate={substrate} reaper_enabled={reaper} dry_run_only={dry_only} actor={actor:?}"
@@ -134,7 +124,7 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
     let fresh = TestDb::new().await;
     let mut fresh_conn = fresh.connect().await;
     assert_eq!(
-        apply(&mut fresh_conn, "op", Some(100)).await,
+        apply_stale_leases(&mut fresh_conn, "op", Some(100)).await,
         refusal("queue.job_substrate.enabled=false")
     );
     assert_eq!(
@@ -151,7 +141,7 @@ async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5
     let dlq_bound = insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 3_000).await;
     open_gates(&mut conn).await;
 
-    let out = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "phase2_proof_reaper", Some(100)).await;
 
     assert_eq!(out["actor"], "phase2_proof_reaper");
     assert_eq!(out["refused"], false);
@@ -243,7 +233,7 @@ async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5
     );
 
     // Nothing is stale any more: a second apply has nothing to do.
-    let again = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+    let again = apply_stale_leases(&mut conn, "phase2_proof_reaper", Some(100)).await;
     assert_eq!(
         again,
         json!({"actor": "phase2_proof_reaper", "refused": false, "reset_count": 0,
@@ -263,7 +253,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     }
     open_gates(&mut conn).await;
 
-    let out = apply(&mut conn, "op", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(100)).await;
 
     assert_eq!(out["reset_count"], 14);
     for (id, backoff) in &expected {
@@ -289,7 +279,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     // The base comes from queue.retry.backoff_base_sec.
     set_setting(&mut conn, "queue.retry.backoff_base_sec", "3").await;
     insert_stale_jobs(&mut conn, "backoff", 1, 2, 100, 1_000).await;
-    let out = apply(&mut conn, "op", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(100)).await;
     assert_eq!(out["actions"][0]["backoff_sec"], 12);
 }
 
@@ -407,7 +397,7 @@ async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does
     );
 
     // What the dry run predicted is what apply does.
-    let applied = apply(&mut conn, "op", Some(100)).await;
+    let applied = apply_stale_leases(&mut conn, "op", Some(100)).await;
     let mut predicted: Vec<(String, String)> = jobs
         .iter()
         .map(|j| {
@@ -460,7 +450,7 @@ async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
         tasks.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             loop {
-                let out = apply(&mut c, &format!("reaper-{r}"), Some(250)).await;
+                let out = apply_stale_leases(&mut c, &format!("reaper-{r}"), Some(250)).await;
                 let actions = out["actions"].as_array().unwrap().clone();
                 if actions.is_empty() {
                     return seen;
@@ -542,7 +532,7 @@ async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
         .await
         .unwrap();
     assert!(completed);
-    let out = apply(&mut conn, "op", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10)).await;
 
     assert_eq!(
         (out["reset_count"].clone(), out["dead_letter_count"].clone()),
@@ -572,7 +562,7 @@ async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
     // Meanwhile another reaper resets it and a worker claims it again.
     let mut other = db.connect().await;
     assert_eq!(
-        apply(&mut other, "other-reaper", Some(10)).await["reset_count"],
+        apply_stale_leases(&mut other, "other-reaper", Some(10)).await["reset_count"],
         1
     );
     sqlx::query("UPDATE job_queue SET scheduled_at = now() WHERE job_id = $1::uuid")
@@ -587,7 +577,7 @@ async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
             .unwrap();
     assert_eq!(claimed, vec![id.clone()]);
 
-    let out = apply(&mut conn, "first-reaper", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "first-reaper", Some(10)).await;
 
     assert_eq!(out["actions"], json!([]));
     assert_eq!(
@@ -624,14 +614,17 @@ async fn a_stale_job_a_worker_holds_locked_is_skipped_without_waiting_and_not_re
         .unwrap();
     assert!(done);
 
-    let out = tokio::time::timeout(Duration::from_secs(10), apply(&mut conn, "op", Some(10)))
-        .await
-        .expect("apply skips a locked row instead of waiting on it");
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        apply_stale_leases(&mut conn, "op", Some(10)),
+    )
+    .await
+    .expect("apply skips a locked row instead of waiting on it");
     assert_eq!(out["reset_count"], 1);
     assert_eq!(out["actions"][0]["job_id"], free.as_str());
 
     sqlx::query("COMMIT").execute(&mut worker).await.unwrap();
-    let out = apply(&mut conn, "op", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10)).await;
     assert_eq!(out["actions"], json!([]));
     assert_eq!(job_row(&mut conn, &held).await.0, "succeeded");
 }
@@ -653,7 +646,7 @@ async fn live_leases_and_jobs_in_other_states_are_never_reaped() {
     open_gates(&mut conn).await;
     let before = job_snapshot(&mut conn).await;
 
-    let out = apply(&mut conn, "op", Some(10_000)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10_000)).await;
 
     assert_eq!(out["actions"], json!([]));
     assert_eq!(dry_run(&mut conn, Some(10)).await["stale_lease_count"], 0);
@@ -677,7 +670,7 @@ async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
             "dry run, limit {limit:?}"
         );
         assert_eq!(
-            apply(&mut conn, "op", limit).await,
+            apply_stale_leases(&mut conn, "op", limit).await,
             expected,
             "apply, limit {limit:?}"
         );
@@ -685,8 +678,14 @@ async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
     assert_eq!(job_snapshot(&mut conn).await, before);
     // The bounds themselves are accepted.
     assert_eq!(dry_run(&mut conn, Some(10_000)).await["limit"], 10_000);
-    assert_eq!(apply(&mut conn, "op", Some(1)).await["reset_count"], 1);
-    assert_eq!(apply(&mut conn, "op", Some(10_000)).await["reset_count"], 1);
+    assert_eq!(
+        apply_stale_leases(&mut conn, "op", Some(1)).await["reset_count"],
+        1
+    );
+    assert_eq!(
+        apply_stale_leases(&mut conn, "op", Some(10_000)).await["reset_count"],
+        1
+    );
 }
 
 #[tokio::test]
@@ -941,12 +940,7 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
     .await
     .unwrap();
 
-    let text: String =
-        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', 10)::text")
-            .fetch_one(&mut low)
-            .await
-            .unwrap();
-    let out: Value = serde_json::from_str(&text).unwrap();
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
 
     assert_eq!(out["dead_letter_count"], 1, "{out}");
     assert_eq!(job_row(&mut owner, &id).await.0, "dead_letter");
@@ -1208,6 +1202,6 @@ async fn move_to_dead_letter_returns_the_same_dead_letter_object_as_apply_and_re
     // Apply's dead_letter object has exactly the same keys.
     insert_stale_jobs(&mut conn, "last", 1, 0, 1, 1_000).await;
     open_gates(&mut conn).await;
-    let applied = apply(&mut conn, "op", Some(10)).await;
+    let applied = apply_stale_leases(&mut conn, "op", Some(10)).await;
     assert_eq!(keys(&applied["actions"][0]["dead_letter"]), keys(&out));
 }

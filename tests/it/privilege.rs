@@ -9,8 +9,8 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, LoginRole, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
-    insert_stale_jobs, open_gates,
+    Daemon, LoginRole, StatsdCapture, TestDb, apply_stale_leases, count, daemon_env, events,
+    insert_expired, insert_stale_jobs, open_gates,
 };
 
 /// How docs/least-privilege.md tells an operator to create the daemon's
@@ -486,16 +486,6 @@ async fn assert_reaps_only_what_expired(
     assert_eq!(token, live);
 }
 
-async fn apply_as(conn: &mut PgConnection, limit: i32) -> serde_json::Value {
-    let text: String =
-        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', $1)::text")
-            .bind(limit)
-            .fetch_one(conn)
-            .await
-            .unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
 #[tokio::test]
 async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a_definer_function()
 {
@@ -524,14 +514,14 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a
     .await;
 
     // Its own limit check and the real gates still decide.
-    let out = apply_as(&mut low, 0).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(0)).await;
     assert_eq!(out["reason"], "limit_out_of_range", "{out}");
-    let out = apply_as(&mut low, 10).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
     assert_eq!(out["reason"], "queue.job_substrate.enabled=false", "{out}");
     // With the real gates open it reaps the real stale job and not the live
     // one that a planted now() would have made look stale.
     open_gates(&mut admin).await;
-    let out = apply_as(&mut low, 10).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
     assert_eq!(
         (
             out["reset_count"].as_i64(),
@@ -589,7 +579,7 @@ async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_
     .await
     .unwrap();
 
-    let out = apply_as(&mut low, 0).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(0)).await;
     assert_reaps_only_what_expired(&mut low, &mut admin, live_lease).await;
     let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM hits")
         .fetch_all(&mut admin)

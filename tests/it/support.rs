@@ -504,6 +504,22 @@ pub async fn open_gates(conn: &mut PgConnection) {
     set_gates(conn, true, true, false).await;
 }
 
+/// Runs the job reaper's apply as `conn`'s role; returns its JSON (the
+/// report, or the refusal).
+pub async fn apply_stale_leases(
+    conn: &mut PgConnection,
+    actor: &str,
+    limit: Option<i32>,
+) -> serde_json::Value {
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply($1, $2)::text")
+        .bind(actor)
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+        .expect("apply runs");
+    serde_json::from_str(&text).expect("apply returns JSON")
+}
+
 /// Lock sweeps seen so far: each one that finishes sends the held gauge.
 pub fn lock_sweeps_seen(statsd: &StatsdCapture) -> usize {
     statsd
