@@ -159,7 +159,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     let text = bare.to_string();
     println!("{text}");
     assert!(!bare.passed(), "{text}");
-    assert!(!text.contains(&secret), "{text}");
+    assert!(!text.contains(secret), "{text}");
     assert!(
         bare.lines[0].detail.contains(&format!("as role {role}")),
         "{text}"
@@ -215,7 +215,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     for failure in ["sweep_failed", "job_reap_failed"] {
         assert!(events(&lines, failure).is_empty(), "{}", lines.join("\n"));
     }
-    assert!(!lines.join("\n").contains(&secret));
+    assert!(!lines.join("\n").contains(secret));
     assert_eq!(
         count(&mut admin, "SELECT count(*) FROM lock_entry").await,
         0
@@ -269,7 +269,7 @@ async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role()
         report.passed(),
         "the shipped role and the preflight agree:\n{text}"
     );
-    assert!(!text.contains(&secret), "{text}");
+    assert!(!text.contains(secret), "{text}");
     assert!(!report.lines[0].detail.contains("superuser"), "{text}");
     login.drop(&mut admin).await;
 }
