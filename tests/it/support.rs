@@ -538,27 +538,27 @@ pub fn job_passes_seen(statsd: &StatsdCapture) -> usize {
         .count()
 }
 
-/// Waits until `n` more lock sweeps have finished (a deterministic "let a
-/// few sweeps pass": no fixed sleep).
-pub async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
-    let target = lock_sweeps_seen(statsd) + n;
+/// Waits until `seen` has grown by `n` from its value now (20 s at most):
+/// the one shape of "let N more passes happen" that every signal uses.
+async fn wait_more(n: usize, what: &str, seen: impl Fn() -> usize) {
+    let target = seen() + n;
     wait_until(
         Duration::from_secs(20),
-        &format!("{n} more lock sweeps"),
-        || async { lock_sweeps_seen(statsd) >= target },
+        &format!("{n} more {what}"),
+        || async { seen() >= target },
     )
     .await;
 }
 
+/// Waits until `n` more lock sweeps have finished (a deterministic "let a
+/// few sweeps pass": no fixed sleep).
+pub async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
+    wait_more(n, "lock sweeps", || lock_sweeps_seen(statsd)).await;
+}
+
 /// Waits until `n` more job-reaper passes have finished.
 pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
-    let target = job_passes_seen(statsd) + n;
-    wait_until(
-        Duration::from_secs(20),
-        &format!("{n} more job-reaper passes"),
-        || async { job_passes_seen(statsd) >= target },
-    )
-    .await;
+    wait_more(n, "job-reaper passes", || job_passes_seen(statsd)).await;
 }
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
@@ -664,13 +664,7 @@ impl NotifySocket {
     /// Waits until `n` more `WATCHDOG=1` pings arrived: every service loop
     /// has finished at least `n` more passes, whether they failed or not.
     pub async fn wait_watchdogs(&self, n: usize) {
-        let target = self.watchdogs() + n;
-        wait_until(
-            Duration::from_secs(20),
-            &format!("{n} more WATCHDOG=1 (passes of every loop)"),
-            || async { self.watchdogs() >= target },
-        )
-        .await;
+        wait_more(n, "WATCHDOG=1 (passes of every loop)", || self.watchdogs()).await;
     }
 }
 
