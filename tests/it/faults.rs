@@ -50,11 +50,7 @@ fn reported(lines: &[String], allow_torn_tail: bool) -> Vec<(String, i64)> {
 
 /// Cheap count of signal lines, for polling while 100,000s of lines arrive.
 fn lease_lines(daemon: &Daemon) -> usize {
-    daemon
-        .lines()
-        .iter()
-        .filter(|l| l.contains(" message=lease_expired "))
-        .count()
+    daemon.count_lines(|l| l.contains(" message=lease_expired "))
 }
 
 /// Every lease in the table: key → token.
@@ -170,9 +166,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     let started = Instant::now();
     let mut a = Daemon::spawn(&daemon_env(&db.url, &port_a));
     wait_until(Duration::from_secs(60), "the marker's line", || async {
-        a.lines()
-            .iter()
-            .any(|l| l.contains(" lockKey=backlog-100000 "))
+        a.count_lines(|l| l.contains(" lockKey=backlog-100000 ")) > 0
     })
     .await;
     let held = Instant::now();
