@@ -10,21 +10,20 @@ use lease_sweeper::config::{DbTarget, StatsdTarget};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, binary, count, events, insert_expired, wait_until,
+    Daemon, LoginRole, StatsdCapture, TestDb, binary, count, daemon_env, events, insert_expired,
+    wait_job_passes, wait_sweeps, wait_until,
 };
 
 /// Put into every URL these tests hand to `check`; must never be printed.
 const PASSWORD: &str = "Pre-Fl1ght-S3cret";
 
-/// `url` with `user` and a password. Servers with trust authentication (the
-/// throwaway cluster) ignore the password; a URL that already carries one
-/// keeps it. Returns the URL and the password to look for in the output.
-fn with_credentials(url: &str, user: Option<&str>, password: &str) -> (String, String) {
+/// `url` with a password. Servers with trust authentication (the throwaway
+/// cluster) ignore it; a URL that already carries one keeps it. Returns the
+/// URL and the password to look for in the output. (A role of the test's
+/// own gets its password from `LoginRole::with_password`.)
+fn with_credentials(url: &str, password: &str) -> (String, String) {
     let mut url = url::Url::parse(url).expect("test URL parses");
-    if let Some(user) = user {
-        url.set_username(user).unwrap();
-        url.set_password(Some(password)).unwrap();
-    } else if url.password().is_none() {
+    if url.password().is_none() {
         url.set_password(Some(password)).unwrap();
     }
     let secret = url.password().unwrap().to_owned();
@@ -52,7 +51,7 @@ fn grant_line(grant: &check::Grant) -> String {
 async fn check_passes_on_a_migrated_database_and_never_prints_the_password() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
-    let (url, secret) = with_credentials(&db.url, None, PASSWORD);
+    let (url, secret) = with_credentials(&db.url, PASSWORD);
 
     let report = preflight(&url, &statsd.target()).await;
     let text = report.to_string();
@@ -90,7 +89,7 @@ async fn check_passes_on_a_migrated_database_and_never_prints_the_password() {
 async fn check_fails_with_a_clear_list_on_an_empty_database() {
     let db = TestDb::empty().await;
     let statsd = StatsdCapture::start().await;
-    let (url, secret) = with_credentials(&db.url, None, PASSWORD);
+    let (url, secret) = with_credentials(&db.url, PASSWORD);
 
     let report = preflight(&url, &statsd.target()).await;
     let text = report.to_string();
@@ -150,17 +149,17 @@ fn requested_grants(report: &Report, role: &str) -> Vec<String> {
 async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough_to_sweep() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
-    let role = format!("{}_sweeper", db.name);
     let mut admin = db.connect().await;
-    create_role(&mut admin, &role, "").await;
-    let (url, secret) = with_credentials(&db.url, Some(&role), PASSWORD);
+    let login = LoginRole::with_password(&db, &mut admin, "sweeper", PASSWORD, "").await;
+    let role = login.role.clone();
+    let (url, secret) = (login.url.clone(), PASSWORD);
 
     // A role with no grants: connects, sees the schema, may do nothing.
     let bare = preflight(&url, &statsd.target()).await;
     let text = bare.to_string();
     println!("{text}");
     assert!(!bare.passed(), "{text}");
-    assert!(!text.contains(&secret), "{text}");
+    assert!(!text.contains(secret), "{text}");
     assert!(
         bare.lines[0].detail.contains(&format!("as role {role}")),
         "{text}"
@@ -200,12 +199,15 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     // …and the real daemon, as that role, sweeps without a single error.
     insert_expired(&mut admin, "lp-", 3, 10).await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_PORT", &port)]);
+    let mut daemon = Daemon::spawn(&daemon_env(&url, &port));
     wait_until(Duration::from_secs(10), "the sweep as the role", || async {
         events(&daemon.lines(), "lease_expired").len() == 3
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await; // one more full sweep
+    // One more whole pass of each service after that (a pass that failed
+    // would send no gauge): the role lacks nothing either of them needs.
+    wait_sweeps(&statsd, 2).await;
+    wait_job_passes(&statsd, 2).await;
     daemon.signal(libc::SIGTERM);
     let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
     let lines = daemon.lines();
@@ -213,7 +215,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     for failure in ["sweep_failed", "job_reap_failed"] {
         assert!(events(&lines, failure).is_empty(), "{}", lines.join("\n"));
     }
-    assert!(!lines.join("\n").contains(&secret));
+    assert!(!lines.join("\n").contains(secret));
     assert_eq!(
         count(&mut admin, "SELECT count(*) FROM lock_entry").await,
         0
@@ -248,35 +250,17 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     );
     drop(as_role);
 
-    drop_role(&mut admin, &role).await;
-}
-
-/// A LOGIN role for this test's database, dropped by `drop_role`.
-async fn create_role(admin: &mut PgConnection, role: &str, options: &str) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}' {options}"
-    )))
-    .execute(admin)
-    .await
-    .unwrap();
-}
-
-async fn drop_role(admin: &mut PgConnection, role: &str) {
-    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(admin)
-    .await;
+    login.drop(&mut admin).await;
 }
 
 #[tokio::test]
 async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
-    let role = format!("{}_host", db.name);
     let mut admin = db.connect().await;
-    create_role(&mut admin, &role, "IN ROLE lease_sweeper").await;
-    let (url, secret) = with_credentials(&db.url, Some(&role), PASSWORD);
+    let login =
+        LoginRole::with_password(&db, &mut admin, "host", PASSWORD, "IN ROLE lease_sweeper").await;
+    let (url, secret) = (login.url.clone(), PASSWORD);
 
     let report = preflight(&url, &statsd.target()).await;
     let text = report.to_string();
@@ -285,24 +269,23 @@ async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role()
         report.passed(),
         "the shipped role and the preflight agree:\n{text}"
     );
-    assert!(!text.contains(&secret), "{text}");
+    assert!(!text.contains(secret), "{text}");
     assert!(!report.lines[0].detail.contains("superuser"), "{text}");
-    drop_role(&mut admin, &role).await;
+    login.drop(&mut admin).await;
 }
 
 #[tokio::test]
 async fn check_says_when_the_schema_is_there_but_not_usable_by_the_role() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
-    let role = format!("{}_nousage", db.name);
     let mut admin = db.connect().await;
-    create_role(&mut admin, &role, "").await;
+    let login = LoginRole::with_password(&db, &mut admin, "nousage", PASSWORD, "").await;
     // PostgreSQL 15 lets PUBLIC use schema public; this database does not.
     sqlx::raw_sql("REVOKE USAGE ON SCHEMA public FROM PUBLIC")
         .execute(&mut admin)
         .await
         .unwrap();
-    let (url, _) = with_credentials(&db.url, Some(&role), PASSWORD);
+    let url = login.url.clone();
 
     let report = preflight(&url, &statsd.target()).await;
     let text = report.to_string();
@@ -317,7 +300,7 @@ async fn check_says_when_the_schema_is_there_but_not_usable_by_the_role() {
     );
     let f = line(&report, "function fn_job_reap_stale_leases_apply");
     assert!(f.detail.contains("found in schema public"), "{text}");
-    drop_role(&mut admin, &role).await;
+    login.drop(&mut admin).await;
 }
 
 #[tokio::test]
@@ -370,7 +353,7 @@ async fn the_check_command_exits_0_or_1_prints_its_list_on_stdout_and_no_passwor
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     for (db, expected) in [(&migrated, 0), (&empty, 1)] {
-        let (url, secret) = with_credentials(&db.url, None, PASSWORD);
+        let (url, secret) = with_credentials(&db.url, PASSWORD);
         let started = Instant::now();
         let out = tokio::process::Command::new(binary())
             .arg("check")

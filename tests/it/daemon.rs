@@ -2,21 +2,16 @@
 
 use std::time::Duration;
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired, wait_until};
-
-fn env<'a>(db: &'a TestDb, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", db.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
-}
+use crate::support::{
+    Daemon, NotifySocket, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
+    wait_until,
+};
 
 async fn exits_zero_promptly_on(signal: i32) {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     daemon
         .wait_for_event("sweeper_started", Duration::from_secs(10))
         .await;
@@ -60,11 +55,22 @@ async fn a_second_signal_during_the_drain_exits_at_once() {
         "postgres://u:pw@127.0.0.1:{}/db",
         silent.local_addr().unwrap().port()
     );
+    silent.set_nonblocking(true).unwrap();
     let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_PORT", "9")]);
     daemon
         .wait_for_event("sweeper_started", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await; // let it block on connect
+    // A pass is in flight once the daemon's connection is in: accepted and
+    // kept open, it waits for a startup reply that never comes.
+    let mut accepted = Vec::new();
+    wait_until(Duration::from_secs(10), "the daemon to connect", || {
+        if let Ok((conn, _)) = silent.accept() {
+            accepted.push(conn);
+        }
+        let connected = !accepted.is_empty();
+        async move { connected }
+    })
+    .await;
 
     daemon.signal(libc::SIGTERM);
     daemon
@@ -89,11 +95,17 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     let db = TestDb::empty().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db, &port));
+    // A failing pass sends no gauge; the watchdog ping counts it.
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut env = daemon_env(&db.url, &port);
+    env.push(("NOTIFY_SOCKET", &socket));
+    let mut daemon = Daemon::spawn(&env);
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(Duration::from_millis(2_500)).await; // two or three more failing sweeps
+    // At least two more failing sweeps after the one logged.
+    notify.wait_watchdogs(3).await;
 
     let mut conn = db.connect().await;
     lease_sweeper::pg::migrate::migrate(&mut conn)
@@ -125,7 +137,13 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
         "says what to do: {:?}",
         failed[0]
     );
-    assert_eq!(events(&lines, "sweep_recovered").len(), 1);
+    let recovered = events(&lines, "sweep_recovered");
+    assert_eq!(recovered.len(), 1);
+    let failed_sweeps: u64 = recovered[0]["failedSweeps"].parse().unwrap();
+    assert!(
+        failed_sweeps >= 3,
+        "logged once over {failed_sweeps} failed sweeps"
+    );
     assert_eq!(code, Some(0));
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
@@ -138,11 +156,18 @@ async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_passwor
         "postgres://sweeper:Sup3r-S3cret@localhost/locks?host={}",
         socket_dir.display()
     );
-    let mut daemon = Daemon::spawn(&[("LOCKDB_URL", &url), ("STATSD_HOST", "statsd.invalid")]);
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&[
+        ("LOCKDB_URL", &url),
+        ("STATSD_HOST", "statsd.invalid"),
+        ("NOTIFY_SOCKET", &socket),
+    ]);
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // At least one more failing sweep after the one logged.
+    notify.wait_watchdogs(2).await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "still running");
     daemon.signal(libc::SIGTERM);
     let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;

@@ -12,11 +12,15 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use lease_sweeper::sweep::SWEEP_DELAY;
 use lease_sweeper::sweep::lock_sweeper::BATCH_SIZE;
 use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, insert_expired, wait_until};
+use crate::support::{
+    Daemon, NotifySocket, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
+    open_gates, wait_until,
+};
 
 /// `(lockKey, token)` of every `lease_expired` line, in output order.
 ///
@@ -46,19 +50,7 @@ fn reported(lines: &[String], allow_torn_tail: bool) -> Vec<(String, i64)> {
 
 /// Cheap count of signal lines, for polling while 100,000s of lines arrive.
 fn lease_lines(daemon: &Daemon) -> usize {
-    daemon
-        .lines()
-        .iter()
-        .filter(|l| l.contains(" message=lease_expired "))
-        .count()
-}
-
-fn env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", url),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
+    daemon.count_lines(|l| l.contains(" message=lease_expired "))
 }
 
 /// Every lease in the table: key → token.
@@ -172,11 +164,9 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     let statsd_a = StatsdCapture::start().await;
     let port_a = statsd_a.port.to_string();
     let started = Instant::now();
-    let mut a = Daemon::spawn(&env(&db.url, &port_a));
+    let mut a = Daemon::spawn(&daemon_env(&db.url, &port_a));
     wait_until(Duration::from_secs(60), "the marker's line", || async {
-        a.lines()
-            .iter()
-            .any(|l| l.contains(" lockKey=backlog-100000 "))
+        a.count_lines(|l| l.contains(" lockKey=backlog-100000 ")) > 0
     })
     .await;
     let held = Instant::now();
@@ -242,7 +232,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
 
     let statsd_b = StatsdCapture::start().await;
     let port_b = statsd_b.port.to_string();
-    let mut b = Daemon::spawn(&env(&db.url, &port_b));
+    let mut b = Daemon::spawn(&daemon_env(&db.url, &port_b));
     wait_until(
         Duration::from_secs(60),
         "the rest of the backlog",
@@ -302,7 +292,7 @@ async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unrepor
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(60), "the first lines", || async {
         lease_lines(&daemon) >= STOP_AFTER
     })
@@ -444,8 +434,16 @@ async fn wait_output(
     }
 }
 
-/// How long a scenario keeps the database down: a few failing sweeps.
-const DOWNTIME: Duration = Duration::from_millis(3_000);
+/// How many failing passes of each loop an outage lasts at least (counted by
+/// the watchdog pings, since a failing pass sends no gauge).
+const OUTAGE_PASSES: usize = 3;
+
+/// The daemon's environment with `notify` as its systemd socket.
+fn env_with_notify<'a>(url: &'a str, port: &'a str, notify: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut env = daemon_env(url, port);
+    env.push(("NOTIFY_SOCKET", notify));
+    env
+}
 
 /// What recovering from an outage looked like.
 struct Recovery {
@@ -526,11 +524,13 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(DOWNTIME).await; // the outage: sweeps keep failing
+    notify.wait_watchdogs(OUTAGE_PASSES).await; // the outage: sweeps keep failing
     assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
     let lines = daemon.lines();
     let failed = events(&lines, "sweep_failed");
@@ -563,7 +563,9 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     let (mut pg, url) = own_cluster().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let notify = NotifySocket::bind();
+    let socket = notify.path.to_str().unwrap().to_owned();
+    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
     let mut conn = PgConnection::connect(&url).await.unwrap();
     insert_expired(&mut conn, "before-", 5, 10).await;
     wait_until(Duration::from_secs(10), "the first sweep", || async {
@@ -572,7 +574,9 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     .await;
     // Live for 2 s: still live when the server goes down (even on a loaded
     // machine), expired long before it comes back.
-    let meanwhile = acquire(&mut conn, "meanwhile-", 20, 2_000).await;
+    const TTL: Duration = Duration::from_millis(2_000);
+    let acquired = tokio::time::Instant::now();
+    let meanwhile = acquire(&mut conn, "meanwhile-", 20, TTL.as_millis() as i64).await;
     drop(conn);
     pg = blocking(move || {
         pg.stop(StopMode::Immediate);
@@ -586,7 +590,10 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
-    tokio::time::sleep(DOWNTIME).await; // the outage; the leases expire in it
+    notify.wait_watchdogs(OUTAGE_PASSES).await; // the outage: sweeps keep failing
+    // Not a wait for sweeps: the leases must have expired before the server
+    // is back, so they are reported as having expired meanwhile.
+    tokio::time::sleep_until(acquired + TTL).await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "stays up");
 
     let r = restart_and_recover(pg, &mut daemon, &url, &meanwhile).await;
@@ -648,8 +655,8 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let a = Daemon::spawn(&env(&db.url, &port));
-    let b = Daemon::spawn(&env(&db.url, &port));
+    let a = Daemon::spawn(&daemon_env(&db.url, &port));
+    let b = Daemon::spawn(&daemon_env(&db.url, &port));
     let both = |prefix: &'static str| {
         let (a, b) = (&a, &b);
         move || {
@@ -727,8 +734,20 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
     );
 }
 
-/// One StatsD failure mode: the daemon sweeps two rounds of leases as if
-/// nothing were wrong, stays up, warns at most once, and stops promptly.
+/// How overdue the leases of the StatsD scenarios are when inserted.
+const INSERTED_OVERDUE_MS: i64 = 10;
+
+/// What a healthy daemon may add to `SWEEP_DELAY` before a lease is reported:
+/// the rest of the pass in flight when the lease expired (milliseconds on
+/// these tables), a StatsD flush that must not wait on anything, and the
+/// scheduling delay of a 2-core machine running other builds. A flush that
+/// waited on a DNS lookup (2 s) or a send timeout would exceed it.
+const REPORT_SLACK: Duration = Duration::from_millis(1_000);
+
+/// One StatsD failure mode: the daemon sweeps three rounds of leases as if
+/// nothing were wrong: each lease is reported within one sweep delay plus
+/// `REPORT_SLACK` of expiring, by the database's clock (`overdueMillis`);
+/// it stays up, warns at most once, and stops promptly.
 async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec<u128>, Duration) {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
@@ -740,7 +759,7 @@ async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec
     let mut latencies = Vec::new();
     for round in 0..3 {
         let prefix: &'static str = ["r0-", "r1-", "r2-"][round];
-        insert_expired(&mut conn, prefix, 10, 10).await;
+        insert_expired(&mut conn, prefix, 10, INSERTED_OVERDUE_MS).await;
         let t = Instant::now();
         wait_output(&daemon, Duration::from_secs(10), "the round's lines", |l| {
             reported_with_prefix(l, prefix).len() == 10
@@ -754,6 +773,21 @@ async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec
     assert_eq!(code, Some(0));
     let lines = daemon.lines();
     assert_eq!(reported(&lines, false).len(), 30, "every line, once");
+    // overdueMillis is the database's now() at the deleting transaction less
+    // the deadline, so it is exact whatever the test's own timing: a lease
+    // that expired just after a sweep began waits out that pass and one
+    // SWEEP_DELAY, never more.
+    let bound = INSERTED_OVERDUE_MS + (SWEEP_DELAY + REPORT_SLACK).as_millis() as i64;
+    for f in events(&lines, "lease_expired") {
+        let overdue: i64 = f["overdueMillis"].parse().unwrap();
+        assert!(
+            (INSERTED_OVERDUE_MS..=bound).contains(&overdue),
+            "reported {overdue} ms after expiry, beyond one sweep delay ({} ms) plus \
+             {} ms slack: StatsD slowed the sweep: {f:?}",
+            SWEEP_DELAY.as_millis(),
+            REPORT_SLACK.as_millis()
+        );
+    }
     assert!(error_lines(&lines).is_empty(), "{lines:#?}");
     let warnings = events(&lines, "statsd_unavailable");
     assert!(warnings.len() <= 1, "not a flood: {warnings:#?}");
@@ -786,6 +820,10 @@ async fn an_unresolvable_statsd_host_is_warned_about_once_and_never_slows_or_sto
         stop.as_millis()
     );
 }
+
+/// Set to `1` to skip the host-clock test where libfaketime is missing; without
+/// it, a missing libfaketime fails that test.
+const SKIP_FAKETIME: &str = "LEASE_SWEEPER_SKIP_FAKETIME";
 
 /// libfaketime's preload library, where Debian's `faketime` package puts it.
 fn libfaketime() -> Option<std::path::PathBuf> {
@@ -844,13 +882,9 @@ async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let lib = lib.to_string_lossy().into_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", db.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-        ("LD_PRELOAD", &lib),
-        ("FAKETIME", shift),
-    ]);
+    let mut env = daemon_env(&db.url, &port);
+    env.extend([("LD_PRELOAD", lib.as_str()), ("FAKETIME", shift)]);
+    let mut daemon = Daemon::spawn(&env);
     wait_output(
         &daemon,
         Duration::from_secs(15),
@@ -902,11 +936,14 @@ async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) 
 async fn a_host_clock_an_hour_ahead_or_behind_never_deletes_a_live_lease_and_reports_database_overdue()
  {
     let Some(lib) = libfaketime() else {
+        // A missing tool must not pass as a proof: skipping is a choice the
+        // runner states, never a default.
         assert!(
-            std::env::var_os("LEASE_SWEEPER_REQUIRE_FAKETIME").is_none(),
-            "libfaketime is required here (apt-get install faketime)"
+            std::env::var_os(SKIP_FAKETIME).is_some_and(|v| v == "1"),
+            "libfaketime is not installed, so the host-clock test cannot run: \
+             install it (apt-get install faketime), or set {SKIP_FAKETIME}=1 to skip this test"
         );
-        eprintln!("SKIPPED: libfaketime not installed (apt-get install faketime)");
+        eprintln!("SKIPPED: libfaketime not installed and {SKIP_FAKETIME}=1");
         return;
     };
     for (shift, skew) in [("+1h", 3_600_000), ("-1h", -3_600_000)] {
@@ -930,7 +967,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
     hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut a = Daemon::spawn(&env(&db.url, &port));
+    let mut a = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_sql(
         &mut conn,
         &db,
@@ -963,7 +1000,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
     let window: HashSet<&String> = a_keys.iter().filter(|k| left.contains_key(*k)).collect();
     assert!(window.contains(&MARKER.to_owned()) && window.len() <= BATCH_SIZE);
 
-    let mut b = Daemon::spawn(&env(&db.url, &port));
+    let mut b = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(30), "the rest", || async {
         lease_lines(&b) >= left.len()
     })
@@ -999,7 +1036,7 @@ async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_ru
     hold_commit_of_batch_deleting(&mut conn, &db, MARKER).await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_sql(
         &mut conn,
         &db,
@@ -1040,18 +1077,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
  {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    for (key, value) in [
-        ("queue.job_substrate.enabled", "true"),
-        ("queue.lease.reaper_enabled", "true"),
-        ("queue.lease.reaper_dry_run_only", "false"),
-    ] {
-        sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test')")
-            .bind(key)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    open_gates(&mut conn).await;
     let job: String = sqlx::query_scalar(
         "INSERT INTO job_queue (job_kind, state, attempts, max_attempts, lease_owner, lease_until)
          VALUES ('twice', 'leased', 0, 5, 'worker-1', now() - interval '1 s') RETURNING job_id::text",
@@ -1061,7 +1087,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
     .unwrap();
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_output(&daemon, Duration::from_secs(10), "the first reap", |l| {
         events(l, "job_lease_expired").len() == 1
     })
@@ -1134,7 +1160,7 @@ async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_f
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let started = Instant::now();
-    let mut daemon = Daemon::spawn(&env(&db.url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(30), "the outbox drained", || async {
         lease_lines(&daemon) >= STOLEN as usize
     })

@@ -8,7 +8,9 @@ use std::time::Duration;
 use lease_sweeper::throwaway::ThrowawayPg;
 use sqlx::{Connection as _, PgConnection};
 
-use crate::support::{Daemon, StatsdCapture, TestDb, count, events, fields, wait_until};
+use crate::support::{
+    Daemon, StatsdCapture, TestDb, count, daemon_env, events, fields, open_gates, wait_until,
+};
 
 /// Values built to break a line-oriented log: line breaks of every kind,
 /// quoting and escaping characters, `=`, controls, non-ASCII, forged pairs,
@@ -107,23 +109,7 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
         expected.insert(key, (owner, "takeover"));
     }
     // Stale jobs: hostile kind and hostile owner.
-    for key in [
-        "queue.job_substrate.enabled",
-        "queue.lease.reaper_enabled",
-        "queue.lease.reaper_dry_run_only",
-    ] {
-        let value = if key.ends_with("dry_run_only") {
-            "false"
-        } else {
-            "true"
-        };
-        sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test')")
-            .bind(key)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
+    open_gates(&mut conn).await;
     let mut jobs: HashMap<String, (String, String)> = HashMap::new();
     for (i, kind) in values.iter().enumerate() {
         let owner = values[(i + 3) % values.len()].clone();
@@ -141,11 +127,7 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", db.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-    ]);
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
     wait_until(Duration::from_secs(15), "every line", || async {
         let lines = daemon.lines();
         events(&lines, "lease_expired").len() >= expected.len()

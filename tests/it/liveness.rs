@@ -7,8 +7,8 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::support::{
-    Daemon, JobQueueBlock, StatsdCapture, TestDb, binary, daemon_env, events, insert_expired,
-    wait_sweeps, wait_until,
+    Daemon, JobQueueBlock, StatsdCapture, TempDir, TestDb, binary, daemon_env, events,
+    insert_expired, wait_sweeps, wait_until,
 };
 
 /// Strict enough to notice a wedge quickly, loose enough for two loops that
@@ -27,8 +27,8 @@ fn alive(heartbeat: &Path) -> Output {
 async fn the_probe_fails_while_a_job_loop_is_wedged_and_passes_again_once_it_moves() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
-    let dir = tempdir();
-    let heartbeat = dir.join("heartbeat");
+    let dir = TempDir::new("alive");
+    let heartbeat = dir.0.join("heartbeat");
     let port = statsd.port.to_string();
     let mut env = daemon_env(&db.url, &port);
     let file = heartbeat.to_str().unwrap().to_owned();
@@ -74,7 +74,6 @@ async fn the_probe_fails_while_a_job_loop_is_wedged_and_passes_again_once_it_mov
     .await;
     daemon.signal(libc::SIGTERM);
     assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -90,17 +89,4 @@ fn the_probe_without_a_heartbeat_file_is_a_configuration_error() {
         err.contains("LEASE_SWEEPER_HEARTBEAT_FILE is not set"),
         "{err}"
     );
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "lease-sweeper-alive-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

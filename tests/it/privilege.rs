@@ -9,65 +9,13 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs,
+    Daemon, LoginRole, StatsdCapture, TestDb, apply_stale_leases, count, daemon_env, events,
+    insert_expired, insert_stale_jobs, open_gates,
 };
 
-/// A LOGIN role granted `lease_sweeper`, as docs/least-privilege.md tells an
-/// operator to create one. Roles are cluster-wide: the name carries the
-/// database's. Connects over the same socket with trust auth (see the
-/// password test in `hostile` for real authentication).
-struct SweeperLogin {
-    role: String,
-    url: String,
-}
-
-impl SweeperLogin {
-    async fn create(db: &TestDb, admin: &mut PgConnection, suffix: &str) -> Self {
-        let role = format!("{}_{suffix}", db.name);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE ROLE {role} LOGIN IN ROLE lease_sweeper"
-        )))
-        .execute(&mut *admin)
-        .await
-        .unwrap();
-        let mut url = url::Url::parse(&db.url).unwrap();
-        url.set_username(&role).unwrap();
-        Self {
-            role,
-            url: url.to_string(),
-        }
-    }
-
-    async fn connect(&self) -> PgConnection {
-        PgConnection::connect(&self.url).await.unwrap()
-    }
-
-    /// Removes the role (and anything it created) from this database.
-    async fn drop(self, admin: &mut PgConnection) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP OWNED BY {0} CASCADE; DROP ROLE {0}",
-            self.role
-        )))
-        .execute(admin)
-        .await
-        .unwrap();
-    }
-}
-
-async fn set_gate(conn: &mut PgConnection, key: &str, value: &str) {
-    sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test-operator')")
-        .bind(key)
-        .bind(value)
-        .execute(conn)
-        .await
-        .unwrap();
-}
-
-async fn open_gates(conn: &mut PgConnection) {
-    set_gate(conn, "queue.job_substrate.enabled", "true").await;
-    set_gate(conn, "queue.lease.reaper_enabled", "true").await;
-    set_gate(conn, "queue.lease.reaper_dry_run_only", "false").await;
-}
+/// How docs/least-privilege.md tells an operator to create the daemon's
+/// LOGIN role: granted the migration-created `lease_sweeper`.
+const GRANTED: &str = "IN ROLE lease_sweeper";
 
 /// A job leased to a live worker for another hour.
 async fn insert_live_job(conn: &mut PgConnection) -> String {
@@ -104,7 +52,7 @@ async fn assert_denied(conn: &mut PgConnection, sql: &'static str) {
 async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_takeovers_and_jobs() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "sweeper").await;
+    let login = LoginRole::create(&db, &mut admin, "sweeper", GRANTED).await;
     insert_expired(&mut admin, "expired-", 5, 1_000).await;
     insert_expired(&mut admin, "stolen", 1, 1_000).await;
     let thief: Option<i64> = sqlx::query_scalar("SELECT lock_acquire('stolen1', 'thief', 60000)")
@@ -126,11 +74,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", login.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", &port),
-    ]);
+    let mut daemon = Daemon::spawn(&daemon_env(&login.url, &port));
     crate::support::wait_until(
         Duration::from_secs(15),
         "leases and jobs reaped",
@@ -179,7 +123,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
 async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "preflight").await;
+    let login = LoginRole::create(&db, &mut admin, "preflight", GRANTED).await;
     let statsd = StatsdCapture::start().await;
     let target = lease_sweeper::config::DbTarget::from_url("LOCKDB_URL", &login.url).unwrap();
 
@@ -330,7 +274,7 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
 async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_change_gates() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "limited").await;
+    let login = LoginRole::create(&db, &mut admin, "limited", GRANTED).await;
     sqlx::query("SELECT lock_acquire('live', 'holder', 60000)")
         .execute(&mut admin)
         .await
@@ -415,7 +359,7 @@ async fn a_login_role_granted_lease_sweeper_cannot_delete_release_or_lock_a_live
  {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "nodelete").await;
+    let login = LoginRole::create(&db, &mut admin, "nodelete", GRANTED).await;
     let live: i64 = sqlx::query_scalar("SELECT lock_acquire('live', 'holder', 60000)")
         .fetch_one(&mut admin)
         .await
@@ -542,22 +486,12 @@ async fn assert_reaps_only_what_expired(
     assert_eq!(token, live);
 }
 
-async fn apply_as(conn: &mut PgConnection, limit: i32) -> serde_json::Value {
-    let text: String =
-        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', $1)::text")
-            .bind(limit)
-            .fetch_one(conn)
-            .await
-            .unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
 #[tokio::test]
 async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a_definer_function()
 {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "mallory").await;
+    let login = LoginRole::create(&db, &mut admin, "mallory", GRANTED).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA evil AUTHORIZATION {}",
         login.role
@@ -580,14 +514,14 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a
     .await;
 
     // Its own limit check and the real gates still decide.
-    let out = apply_as(&mut low, 0).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(0)).await;
     assert_eq!(out["reason"], "limit_out_of_range", "{out}");
-    let out = apply_as(&mut low, 10).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
     assert_eq!(out["reason"], "queue.job_substrate.enabled=false", "{out}");
     // With the real gates open it reaps the real stale job and not the live
     // one that a planted now() would have made look stale.
     open_gates(&mut admin).await;
-    let out = apply_as(&mut low, 10).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
     assert_eq!(
         (
             out["reset_count"].as_i64(),
@@ -619,7 +553,7 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a
 async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_an_overload() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let login = SweeperLogin::create(&db, &mut admin, "overload").await;
+    let login = LoginRole::create(&db, &mut admin, "overload", GRANTED).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "GRANT CREATE ON SCHEMA public TO {0};
          CREATE TABLE hits (what text, as_user text);
@@ -645,7 +579,7 @@ async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_
     .await
     .unwrap();
 
-    let out = apply_as(&mut low, 0).await;
+    let out = apply_stale_leases(&mut low, "mallory", Some(0)).await;
     assert_reaps_only_what_expired(&mut low, &mut admin, live_lease).await;
     let hits: Vec<(String, String)> = sqlx::query_as("SELECT what, as_user FROM hits")
         .fetch_all(&mut admin)

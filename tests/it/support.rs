@@ -9,9 +9,10 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
+use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,79 @@ impl Drop for TestDb {
             });
         })
         .join();
+    }
+}
+
+/// A LOGIN role for one test's database, and the URL that logs in as it.
+/// Roles are cluster-wide: the name carries the database's.
+pub struct LoginRole {
+    pub role: String,
+    pub url: String,
+}
+
+impl LoginRole {
+    /// `CREATE ROLE <db>_<suffix> LOGIN <options>`. The throwaway cluster
+    /// trusts local connections, so the URL carries no password (see the
+    /// password test in `hostile` for real authentication).
+    pub async fn create(
+        db: &TestDb,
+        admin: &mut PgConnection,
+        suffix: &str,
+        options: &str,
+    ) -> Self {
+        Self::create_with(db, admin, suffix, None, options).await
+    }
+
+    /// The same with `PASSWORD '<password>'`, which the URL carries too.
+    pub async fn with_password(
+        db: &TestDb,
+        admin: &mut PgConnection,
+        suffix: &str,
+        password: &str,
+        options: &str,
+    ) -> Self {
+        Self::create_with(db, admin, suffix, Some(password), options).await
+    }
+
+    async fn create_with(
+        db: &TestDb,
+        admin: &mut PgConnection,
+        suffix: &str,
+        password: Option<&str>,
+        options: &str,
+    ) -> Self {
+        let role = format!("{}_{suffix}", db.name);
+        let pass = password.map_or(String::new(), |p| format!("PASSWORD '{p}'"));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE ROLE {role} LOGIN {pass} {options}"
+        )))
+        .execute(admin)
+        .await
+        .unwrap_or_else(|e| panic!("creating role {role}: {e}"));
+        let mut url = url::Url::parse(&db.url).expect("test URL parses");
+        url.set_username(&role).unwrap();
+        url.set_password(password).unwrap();
+        Self {
+            role,
+            url: url.to_string(),
+        }
+    }
+
+    pub async fn connect(&self) -> PgConnection {
+        PgConnection::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting as {}: {e}", self.role))
+    }
+
+    /// Removes the role (and anything it owns or was granted) from this database.
+    pub async fn drop(self, admin: &mut PgConnection) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP OWNED BY {0} CASCADE; DROP ROLE {0}",
+            self.role
+        )))
+        .execute(admin)
+        .await
+        .unwrap_or_else(|e| panic!("dropping role {}: {e}", self.role));
     }
 }
 
@@ -293,6 +367,8 @@ pub fn binary() -> PathBuf {
 pub struct Daemon {
     pub child: tokio::process::Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The stdout and stderr readers; each ends at its pipe's end of file.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -323,19 +399,24 @@ impl Daemon {
             .spawn()
             .expect("spawning lease-sweeper");
         let lines = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let sink = lines.clone();
-            tokio::spawn(async move {
+            readers.push(tokio::spawn(async move {
                 let mut reader = BufReader::new(stream).lines();
                 while let Ok(Some(line)) = reader.next_line().await {
                     sink.lock().unwrap().push(line);
                 }
-            });
+            }));
         }
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            readers,
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -344,6 +425,18 @@ impl Daemon {
 
     pub fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()
+    }
+
+    /// Lines so far for which `pred` holds, counted in place: polling a
+    /// drain of 100,000s of lines must not copy them all every 20 ms (that
+    /// took CPU from the daemon under test on a 2-core machine).
+    pub fn count_lines(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| pred(l))
+            .count()
     }
 
     pub fn signal(&self, signal: i32) {
@@ -372,9 +465,15 @@ impl Daemon {
                 )
             })
             .expect("waiting for the daemon");
-        // Let the reader tasks collect the last lines.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        (status.code(), start.elapsed())
+        let took = start.elapsed();
+        // Its pipes are closed now: the readers end once they hold every line.
+        for reader in std::mem::take(&mut self.readers) {
+            tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .expect("the daemon's output ends after its exit")
+                .expect("reading the daemon's output");
+        }
+        (status.code(), took)
     }
 }
 
@@ -393,21 +492,49 @@ pub const SUBSTRATE: &str = "queue.job_substrate.enabled";
 pub const REAPER: &str = "queue.lease.reaper_enabled";
 pub const DRY_ONLY: &str = "queue.lease.reaper_dry_run_only";
 
-/// Sets one queue setting through the audited setter, as an operator would.
-pub async fn set_setting(conn: &mut PgConnection, key: &str, value: &str) {
-    sqlx::query("SELECT fn_queue_setting_set($1, $2, 'test-operator')")
-        .bind(key)
-        .bind(value)
-        .execute(conn)
-        .await
-        .unwrap_or_else(|e| panic!("setting {key}={value}: {e}"));
+/// Changes one queue setting through the audited setter, as an operator
+/// would (actor `test-operator`); returns the setter's JSON.
+pub async fn set_setting(conn: &mut PgConnection, key: &str, value: &str) -> serde_json::Value {
+    let text: String =
+        sqlx::query_scalar("SELECT fn_queue_setting_set($1, $2, 'test-operator')::text")
+            .bind(key)
+            .bind(value)
+            .fetch_one(conn)
+            .await
+            .unwrap_or_else(|e| panic!("setting {key}={value}: {e}"));
+    serde_json::from_str(&text).expect("the setter returns JSON")
+}
+
+/// Puts the three job-reaper gates in these positions, in gate order.
+pub async fn set_gates(conn: &mut PgConnection, substrate: bool, reaper: bool, dry_only: bool) {
+    for (key, on) in [
+        (SUBSTRATE, substrate),
+        (REAPER, reaper),
+        (DRY_ONLY, dry_only),
+    ] {
+        set_setting(conn, key, if on { "true" } else { "false" }).await;
+    }
 }
 
 /// All three gates in the "reap" position.
 pub async fn open_gates(conn: &mut PgConnection) {
-    set_setting(conn, SUBSTRATE, "true").await;
-    set_setting(conn, REAPER, "true").await;
-    set_setting(conn, DRY_ONLY, "false").await;
+    set_gates(conn, true, true, false).await;
+}
+
+/// Runs the job reaper's apply as `conn`'s role; returns its JSON (the
+/// report, or the refusal).
+pub async fn apply_stale_leases(
+    conn: &mut PgConnection,
+    actor: &str,
+    limit: Option<i32>,
+) -> serde_json::Value {
+    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply($1, $2)::text")
+        .bind(actor)
+        .bind(limit)
+        .fetch_one(conn)
+        .await
+        .expect("apply runs");
+    serde_json::from_str(&text).expect("apply returns JSON")
 }
 
 /// Lock sweeps seen so far: each one that finishes sends the held gauge.
@@ -428,27 +555,140 @@ pub fn job_passes_seen(statsd: &StatsdCapture) -> usize {
         .count()
 }
 
-/// Waits until `n` more lock sweeps have finished (a deterministic "let a
-/// few sweeps pass": no fixed sleep).
-pub async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
-    let target = lock_sweeps_seen(statsd) + n;
+/// Waits until `seen` has grown by `n` from its value now (20 s at most):
+/// the one shape of "let N more passes happen" that every signal uses.
+async fn wait_more(n: usize, what: &str, seen: impl Fn() -> usize) {
+    let target = seen() + n;
     wait_until(
         Duration::from_secs(20),
-        &format!("{n} more lock sweeps"),
-        || async { lock_sweeps_seen(statsd) >= target },
+        &format!("{n} more {what}"),
+        || async { seen() >= target },
     )
     .await;
 }
 
+/// Waits until `n` more lock sweeps have finished (a deterministic "let a
+/// few sweeps pass": no fixed sleep).
+pub async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
+    wait_more(n, "lock sweeps", || lock_sweeps_seen(statsd)).await;
+}
+
 /// Waits until `n` more job-reaper passes have finished.
 pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
-    let target = job_passes_seen(statsd) + n;
-    wait_until(
-        Duration::from_secs(20),
-        &format!("{n} more job-reaper passes"),
-        || async { job_passes_seen(statsd) >= target },
-    )
-    .await;
+    wait_more(n, "job-reaper passes", || job_passes_seen(statsd)).await;
+}
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "ls-{what}-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating a temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A stand-in for systemd's notify socket: every datagram, with its arrival.
+pub struct NotifySocket {
+    _dir: TempDir,
+    pub path: PathBuf,
+    messages: Arc<Mutex<Vec<(Instant, String)>>>,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NotifySocket {
+    pub fn bind() -> Self {
+        let dir = TempDir::new("notify");
+        let path = dir.0.join("notify.sock");
+        let socket = UnixDatagram::bind(&path).expect("binding the notify socket");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let messages = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sink, done) = (messages.clone(), stop.clone());
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                match socket.recv(&mut buf) {
+                    Ok(n) => {
+                        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        sink.lock().unwrap().push((Instant::now(), text));
+                    }
+                    // Asked to stop and the socket is empty: all is read.
+                    Err(_) if done.load(Ordering::SeqCst) => break,
+                    Err(_) => {}
+                }
+            }
+        });
+        Self {
+            _dir: dir,
+            path,
+            messages,
+            stop,
+            reader: Some(reader),
+        }
+    }
+
+    /// Reads every datagram already sent (for example by a daemon that has
+    /// exited) and stops listening: after this, `messages` is final.
+    pub async fn finish(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(reader) = self.reader.take() {
+            tokio::task::spawn_blocking(move || reader.join())
+                .await
+                .expect("joining the notify reader")
+                .expect("the notify reader does not panic");
+        }
+    }
+
+    /// The datagrams received so far, with the time each arrived.
+    pub fn messages(&self) -> Vec<(Instant, String)> {
+        self.messages.lock().unwrap().clone()
+    }
+
+    /// The arrival times of datagrams carrying the assignment `state`.
+    pub fn arrivals(&self, state: &str) -> Vec<Instant> {
+        self.messages()
+            .into_iter()
+            .filter(|(_, m)| m.lines().any(|l| l == state))
+            .map(|(t, _)| t)
+            .collect()
+    }
+
+    /// `WATCHDOG=1` pings so far. The daemon pings each time every service
+    /// loop has finished a pass, failed or not (`progress`), so this counts
+    /// passes where nothing else does: a failing pass sends no gauge.
+    pub fn watchdogs(&self) -> usize {
+        self.arrivals("WATCHDOG=1").len()
+    }
+
+    /// Waits until `n` more `WATCHDOG=1` pings arrived: every service loop
+    /// has finished at least `n` more passes, whether they failed or not.
+    pub async fn wait_watchdogs(&self, n: usize) {
+        wait_more(n, "WATCHDOG=1 (passes of every loop)", || self.watchdogs()).await;
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A test transaction holding `job_queue` in ACCESS EXCLUSIVE mode: every

@@ -197,6 +197,7 @@ async fn a_lease_taken_over_after_expiry_is_reported_once_as_takeover() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
+    // Not a wait for sweeps: let the 1 ms lease expire so it can be stolen.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let new: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'thief', 60000)")
         .fetch_one(&mut conn)
@@ -267,6 +268,8 @@ async fn acquire_stealing_expired_leases_while_sweepers_run_reports_every_token_
                 .unwrap();
             issued.extend(token);
         }
+        // Pacing, not a wait for sweeps: the 5 ms leases expire between
+        // rounds, so each round steals some and leaves the rest to sweep.
         tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     }
     crate::support::wait_until(
@@ -309,6 +312,7 @@ async fn a_release_after_the_deadline_leaves_the_expiry_to_be_reported() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
+    // Not a wait for sweeps: let the 1 ms lease expire before its release.
     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     let released: bool = sqlx::query_scalar("SELECT lock_release('late', $1)")
         .bind(token)

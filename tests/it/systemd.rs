@@ -1,14 +1,13 @@
 //! The systemd unit as systemd reads it, and the notify protocol as systemd
 //! speaks it: a real `NOTIFY_SOCKET` datagram socket and the real binary.
 
-use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::{Daemon, StatsdCapture, TestDb, binary, events, wait_until};
+use crate::support::{
+    Daemon, NotifySocket, StatsdCapture, TempDir, TestDb, binary, events, wait_until,
+};
 
 /// The unit as shipped.
 const UNIT: &str = include_str!("../../systemd/lease-sweeper.service");
@@ -16,30 +15,6 @@ const UNIT: &str = include_str!("../../systemd/lease-sweeper.service");
 const INSTALLED_BINARY: &str = "/usr/bin/lease-sweeper";
 /// The bar for `systemd-analyze security`.
 const MAX_EXPOSURE: f64 = 1.5;
-
-static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(what: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "ls-{what}-{}-{}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A copy of the unit whose ExecStart/ExecStartPre point at the binary cargo
 /// built, because `verify` checks that the executable exists.
@@ -155,69 +130,12 @@ fn the_units_timeouts_match_the_daemons_bounds() {
     );
 }
 
-/// A stand-in for systemd's notify socket: every datagram, with its arrival.
-struct NotifySocket {
-    _dir: TempDir,
-    path: PathBuf,
-    messages: Arc<Mutex<Vec<(Instant, String)>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl NotifySocket {
-    fn bind() -> Self {
-        let dir = TempDir::new("notify");
-        let path = dir.0.join("notify.sock");
-        let socket = UnixDatagram::bind(&path).expect("binding the notify socket");
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        let messages = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (sink, done) = (messages.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 4096];
-            while !done.load(Ordering::SeqCst) {
-                if let Ok(n) = socket.recv(&mut buf) {
-                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                    sink.lock().unwrap().push((Instant::now(), text));
-                }
-            }
-        });
-        Self {
-            _dir: dir,
-            path,
-            messages,
-            stop,
-        }
-    }
-
-    /// The datagrams received so far, with the time each arrived.
-    fn messages(&self) -> Vec<(Instant, String)> {
-        self.messages.lock().unwrap().clone()
-    }
-
-    /// The arrival times of datagrams carrying the assignment `state`.
-    fn arrivals(&self, state: &str) -> Vec<Instant> {
-        self.messages()
-            .into_iter()
-            .filter(|(_, m)| m.lines().any(|l| l == state))
-            .map(|(t, _)| t)
-            .collect()
-    }
-}
-
-impl Drop for NotifySocket {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test]
 async fn the_daemon_speaks_systemds_notify_protocol() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let notify = NotifySocket::bind();
+    let mut notify = NotifySocket::bind();
     let socket = notify.path.to_str().unwrap().to_owned();
     let mut daemon = Daemon::spawn(&[
         ("LOCKDB_URL", &db.url),
@@ -237,7 +155,8 @@ async fn the_daemon_speaks_systemds_notify_protocol() {
     let signalled = Instant::now();
     daemon.signal(libc::SIGTERM);
     let (code, took) = daemon.wait_exit(Duration::from_secs(10)).await;
-    std::thread::sleep(Duration::from_millis(200)); // let the reader catch up
+    // The daemon has exited, so every datagram it sent is in the socket.
+    notify.finish().await;
 
     let all = daemon.lines().join("\n");
     assert_eq!(code, Some(0), "{all}");

@@ -1,65 +1,19 @@
-//! The job-queue stale-lease reaper (SPEC §4, reference 000_…): the SQL
-//! functions' exact JSON, refusals, backoff and dead-lettering; privileges;
-//! concurrency; the daemon path (in process and the real binary); the CLI.
+//! The job-queue stale-lease reaper's SQL API (SPEC §4, reference 000_…):
+//! the functions' exact JSON, the refusal table in gate order, the apply
+//! proof, backoff and dead-lettering, the setter and its audit, privileges,
+//! `search_path` and overload hijacks, and concurrent appliers.
 
 use std::collections::HashSet;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg};
-use lease_sweeper::cmd::jobs::{run_gates, run_jobs};
-use lease_sweeper::output::events::EventLog;
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::job_queue::PgJobQueue;
-use lease_sweeper::sweep::job_reaper::{JOB_BATCH_SIZE, JobReaper};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
+use crate::jobs_support::{job_snapshot, refusal};
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, fields, insert_stale_jobs, wait_until,
+    LoginRole, REAPER, SUBSTRATE, TestDb, apply_stale_leases, count, insert_stale_jobs, open_gates,
+    set_gates, set_setting,
 };
-
-const SUBSTRATE: &str = "queue.job_substrate.enabled";
-const REAPER: &str = "queue.lease.reaper_enabled";
-const DRY_ONLY: &str = "queue.lease.reaper_dry_run_only";
-
-/// Changes a setting through the audited setter, as an operator would.
-async fn set(conn: &mut PgConnection, key: &str, value: &str) -> Result<Value, sqlx::Error> {
-    let text: String =
-        sqlx::query_scalar("SELECT fn_queue_setting_set($1, $2, 'test-operator')::text")
-            .bind(key)
-            .bind(value)
-            .fetch_one(conn)
-            .await?;
-    Ok(serde_json::from_str(&text).unwrap())
-}
-
-async fn gates(conn: &mut PgConnection, substrate: bool, reaper: bool, dry_only: bool) {
-    for (key, on) in [
-        (SUBSTRATE, substrate),
-        (REAPER, reaper),
-        (DRY_ONLY, dry_only),
-    ] {
-        set(conn, key, if on { "true" } else { "false" })
-            .await
-            .unwrap();
-    }
-}
-
-/// All three gates in the "reap" position.
-async fn open_gates(conn: &mut PgConnection) {
-    gates(conn, true, true, false).await;
-}
-
-async fn apply(conn: &mut PgConnection, actor: &str, limit: Option<i32>) -> Value {
-    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply($1, $2)::text")
-        .bind(actor)
-        .bind(limit)
-        .fetch_one(conn)
-        .await
-        .expect("apply runs");
-    serde_json::from_str(&text).unwrap()
-}
 
 async fn dry_run(conn: &mut PgConnection, limit: Option<i32>) -> Value {
     let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run($1)::text")
@@ -68,17 +22,6 @@ async fn dry_run(conn: &mut PgConnection, limit: Option<i32>) -> Value {
         .await
         .expect("dry run runs");
     serde_json::from_str(&text).unwrap()
-}
-
-/// Every job row, byte for byte, with the row version that holds it.
-async fn job_snapshot(conn: &mut PgConnection) -> String {
-    sqlx::query_scalar(
-        "SELECT coalesce(string_agg(j::text || ' xmin=' || j.xmin::text, E'\\n' ORDER BY j.job_id), '')
-           FROM job_queue AS j",
-    )
-    .fetch_one(conn)
-    .await
-    .unwrap()
 }
 
 async fn job_row(
@@ -104,10 +47,6 @@ fn keys(v: &Value) -> Vec<&str> {
 async fn json_of(conn: &mut PgConnection, sql: &'static str) -> Value {
     let text: String = sqlx::query_scalar(sql).fetch_one(conn).await.unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn refusal(reason: &str) -> Value {
-    json!({"reason": reason, "refused": true})
 }
 
 #[tokio::test]
@@ -160,8 +99,8 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
         (true, true, false, "   ", refusal("actor_required")),
     ];
     for (substrate, reaper, dry_only, actor, expected) in table {
-        gates(&mut conn, substrate, reaper, dry_only).await;
-        let got = apply(&mut conn, actor, Some(100)).await;
+        set_gates(&mut conn, substrate, reaper, dry_only).await;
+        let got = apply_stale_leases(&mut conn, actor, Some(100)).await;
         assert_eq!(
             got, expected,
             "substrate={substrate} reaper_enabled={reaper} dry_run_only={dry_only} actor={actor:?}"
@@ -185,7 +124,7 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
     let fresh = TestDb::new().await;
     let mut fresh_conn = fresh.connect().await;
     assert_eq!(
-        apply(&mut fresh_conn, "op", Some(100)).await,
+        apply_stale_leases(&mut fresh_conn, "op", Some(100)).await,
         refusal("queue.job_substrate.enabled=false")
     );
     assert_eq!(
@@ -202,7 +141,7 @@ async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5
     let dlq_bound = insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 3_000).await;
     open_gates(&mut conn).await;
 
-    let out = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "phase2_proof_reaper", Some(100)).await;
 
     assert_eq!(out["actor"], "phase2_proof_reaper");
     assert_eq!(out["refused"], false);
@@ -294,7 +233,7 @@ async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5
     );
 
     // Nothing is stale any more: a second apply has nothing to do.
-    let again = apply(&mut conn, "phase2_proof_reaper", Some(100)).await;
+    let again = apply_stale_leases(&mut conn, "phase2_proof_reaper", Some(100)).await;
     assert_eq!(
         again,
         json!({"actor": "phase2_proof_reaper", "refused": false, "reset_count": 0,
@@ -314,7 +253,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     }
     open_gates(&mut conn).await;
 
-    let out = apply(&mut conn, "op", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(100)).await;
 
     assert_eq!(out["reset_count"], 14);
     for (id, backoff) in &expected {
@@ -338,11 +277,9 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
     assert_eq!(expected[13].1, 10_240, "capped");
 
     // The base comes from queue.retry.backoff_base_sec.
-    set(&mut conn, "queue.retry.backoff_base_sec", "3")
-        .await
-        .unwrap();
+    set_setting(&mut conn, "queue.retry.backoff_base_sec", "3").await;
     insert_stale_jobs(&mut conn, "backoff", 1, 2, 100, 1_000).await;
-    let out = apply(&mut conn, "op", Some(100)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(100)).await;
     assert_eq!(out["actions"][0]["backoff_sec"], 12);
 }
 
@@ -460,7 +397,7 @@ async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does
     );
 
     // What the dry run predicted is what apply does.
-    let applied = apply(&mut conn, "op", Some(100)).await;
+    let applied = apply_stale_leases(&mut conn, "op", Some(100)).await;
     let mut predicted: Vec<(String, String)> = jobs
         .iter()
         .map(|j| {
@@ -513,7 +450,7 @@ async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
         tasks.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             loop {
-                let out = apply(&mut c, &format!("reaper-{r}"), Some(250)).await;
+                let out = apply_stale_leases(&mut c, &format!("reaper-{r}"), Some(250)).await;
                 let actions = out["actions"].as_array().unwrap().clone();
                 if actions.is_empty() {
                     return seen;
@@ -595,7 +532,7 @@ async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
         .await
         .unwrap();
     assert!(completed);
-    let out = apply(&mut conn, "op", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10)).await;
 
     assert_eq!(
         (out["reset_count"].clone(), out["dead_letter_count"].clone()),
@@ -625,7 +562,7 @@ async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
     // Meanwhile another reaper resets it and a worker claims it again.
     let mut other = db.connect().await;
     assert_eq!(
-        apply(&mut other, "other-reaper", Some(10)).await["reset_count"],
+        apply_stale_leases(&mut other, "other-reaper", Some(10)).await["reset_count"],
         1
     );
     sqlx::query("UPDATE job_queue SET scheduled_at = now() WHERE job_id = $1::uuid")
@@ -640,7 +577,7 @@ async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
             .unwrap();
     assert_eq!(claimed, vec![id.clone()]);
 
-    let out = apply(&mut conn, "first-reaper", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "first-reaper", Some(10)).await;
 
     assert_eq!(out["actions"], json!([]));
     assert_eq!(
@@ -677,14 +614,17 @@ async fn a_stale_job_a_worker_holds_locked_is_skipped_without_waiting_and_not_re
         .unwrap();
     assert!(done);
 
-    let out = tokio::time::timeout(Duration::from_secs(10), apply(&mut conn, "op", Some(10)))
-        .await
-        .expect("apply skips a locked row instead of waiting on it");
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        apply_stale_leases(&mut conn, "op", Some(10)),
+    )
+    .await
+    .expect("apply skips a locked row instead of waiting on it");
     assert_eq!(out["reset_count"], 1);
     assert_eq!(out["actions"][0]["job_id"], free.as_str());
 
     sqlx::query("COMMIT").execute(&mut worker).await.unwrap();
-    let out = apply(&mut conn, "op", Some(10)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10)).await;
     assert_eq!(out["actions"], json!([]));
     assert_eq!(job_row(&mut conn, &held).await.0, "succeeded");
 }
@@ -706,7 +646,7 @@ async fn live_leases_and_jobs_in_other_states_are_never_reaped() {
     open_gates(&mut conn).await;
     let before = job_snapshot(&mut conn).await;
 
-    let out = apply(&mut conn, "op", Some(10_000)).await;
+    let out = apply_stale_leases(&mut conn, "op", Some(10_000)).await;
 
     assert_eq!(out["actions"], json!([]));
     assert_eq!(dry_run(&mut conn, Some(10)).await["stale_lease_count"], 0);
@@ -730,7 +670,7 @@ async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
             "dry run, limit {limit:?}"
         );
         assert_eq!(
-            apply(&mut conn, "op", limit).await,
+            apply_stale_leases(&mut conn, "op", limit).await,
             expected,
             "apply, limit {limit:?}"
         );
@@ -738,8 +678,14 @@ async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
     assert_eq!(job_snapshot(&mut conn).await, before);
     // The bounds themselves are accepted.
     assert_eq!(dry_run(&mut conn, Some(10_000)).await["limit"], 10_000);
-    assert_eq!(apply(&mut conn, "op", Some(1)).await["reset_count"], 1);
-    assert_eq!(apply(&mut conn, "op", Some(10_000)).await["reset_count"], 1);
+    assert_eq!(
+        apply_stale_leases(&mut conn, "op", Some(1)).await["reset_count"],
+        1
+    );
+    assert_eq!(
+        apply_stale_leases(&mut conn, "op", Some(10_000)).await["reset_count"],
+        1
+    );
 }
 
 #[tokio::test]
@@ -869,14 +815,12 @@ async fn the_setter_rejects_unknown_keys_ill_typed_values_and_empty_actors_and_a
         0
     );
 
-    let out = set(&mut conn, "queue.retry.backoff_base_sec", " 007 ")
-        .await
-        .unwrap();
+    let out = set_setting(&mut conn, "queue.retry.backoff_base_sec", " 007 ").await;
     assert_eq!(out["key"], "queue.retry.backoff_base_sec");
     assert_eq!(out["old_value"], "10");
     assert_eq!(out["value"], "7", "stored in canonical form");
     assert_eq!(out["updated_by"], "test-operator");
-    set(&mut conn, REAPER, "true").await.unwrap();
+    set_setting(&mut conn, REAPER, "true").await;
     let audit: Vec<(String, Option<String>, String, String, String)> = sqlx::query_as(
         "SELECT key, old_value, new_value, actor, changed_by_role FROM queue_setting_audit ORDER BY audit_id",
     )
@@ -912,23 +856,13 @@ async fn the_setter_rejects_unknown_keys_ill_typed_values_and_empty_actors_and_a
 async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_reroute_it() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
-    let role = format!("{}_reaper", db.name);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD 'reaper-pw'"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
-    let mut url = url::Url::parse(&db.url).unwrap();
-    url.set_username(&role).unwrap();
-    url.set_password(Some("reaper-pw")).unwrap();
+    let login = LoginRole::with_password(&db, &mut owner, "reaper", "reaper-pw", "").await;
+    let role = login.role.clone();
     let id = insert_stale_jobs(&mut owner, "guarded", 1, 4, 5, 1_000)
         .await
         .remove(0);
     open_gates(&mut owner).await;
-    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
-        .await
-        .unwrap();
+    let mut low = login.connect().await;
     let denied = |r: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, what: &str| {
         let err = r.expect_err(&format!("{what} must be denied"));
         let code = err
@@ -1006,12 +940,7 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
     .await
     .unwrap();
 
-    let text: String =
-        sqlx::query_scalar("SELECT fn_job_reap_stale_leases_apply('mallory', 10)::text")
-            .fetch_one(&mut low)
-            .await
-            .unwrap();
-    let out: Value = serde_json::from_str(&text).unwrap();
+    let out = apply_stale_leases(&mut low, "mallory", Some(10)).await;
 
     assert_eq!(out["dead_letter_count"], 1, "{out}");
     assert_eq!(job_row(&mut owner, &id).await.0, "dead_letter");
@@ -1026,22 +955,17 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
         "the role behind the actor name is recorded"
     );
     sqlx::Connection::close(low).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    login.drop(&mut owner).await;
 }
 
 #[tokio::test]
 async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_definer_functions() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
-    let role = format!("{}_creator", db.name);
+    let login = LoginRole::with_password(&db, &mut owner, "creator", "creator-pw", "").await;
+    let role = &login.role;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} LOGIN PASSWORD 'creator-pw';
-         GRANT CREATE ON SCHEMA public TO {role};
+        "GRANT CREATE ON SCHEMA public TO {role};
          GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) TO {role};
          GRANT EXECUTE ON FUNCTION fn_queue_setting_set(text, text, text) TO {role};"
     )))
@@ -1051,12 +975,7 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     insert_stale_jobs(&mut owner, "retry", 2, 0, 5, 1_000).await;
     insert_stale_jobs(&mut owner, "bury", 1, 0, 1, 1_000).await;
     open_gates(&mut owner).await;
-    let mut url = url::Url::parse(&db.url).unwrap();
-    url.set_username(&role).unwrap();
-    url.set_password(Some("creator-pw")).unwrap();
-    let mut low = <PgConnection as sqlx::Connection>::connect(url.as_str())
-        .await
-        .unwrap();
+    let mut low = login.connect().await;
     // Better-matching overloads than pg_catalog's variadic, polymorphic or
     // coercing ones, each recording who it ran as.
     sqlx::raw_sql(
@@ -1142,12 +1061,7 @@ async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_de
     .unwrap();
     assert!(unqualified.is_empty(), "{unqualified:?}");
     sqlx::Connection::close(low).await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(&mut owner)
-    .await
-    .unwrap();
+    login.drop(&mut owner).await;
 }
 
 #[tokio::test]
@@ -1174,10 +1088,8 @@ async fn claim_refuses_while_the_substrate_is_off_and_leases_for_the_configured_
         db_err.message()
     );
 
-    set(&mut conn, SUBSTRATE, "true").await.unwrap();
-    set(&mut conn, "queue.lease.duration_sec", "120")
-        .await
-        .unwrap();
+    set_setting(&mut conn, SUBSTRATE, "true").await;
+    set_setting(&mut conn, "queue.lease.duration_sec", "120").await;
     let other_kind: Vec<String> =
         sqlx::query_scalar("SELECT job_id::text FROM fn_job_claim('worker-1', ARRAY['sms'])")
             .fetch_all(&mut conn)
@@ -1290,608 +1202,6 @@ async fn move_to_dead_letter_returns_the_same_dead_letter_object_as_apply_and_re
     // Apply's dead_letter object has exactly the same keys.
     insert_stale_jobs(&mut conn, "last", 1, 0, 1, 1_000).await;
     open_gates(&mut conn).await;
-    let applied = apply(&mut conn, "op", Some(10)).await;
+    let applied = apply_stale_leases(&mut conn, "op", Some(10)).await;
     assert_eq!(keys(&applied["actions"][0]["dead_letter"]), keys(&out));
-}
-
-// ---- the daemon path ------------------------------------------------------
-
-fn reaper_env<'a>(db: &'a TestDb, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", db.url.as_str()),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
-}
-
-/// Sweeps seen so far: each one sends the stale-job gauge.
-fn gauges_seen(statsd: &StatsdCapture) -> usize {
-    statsd
-        .lines()
-        .iter()
-        .filter(|l| l.starts_with("queue.lease.stale.current:"))
-        .count()
-}
-
-async fn wait_sweeps(statsd: &StatsdCapture, n: usize) {
-    let target = gauges_seen(statsd) + n;
-    wait_until(
-        Duration::from_secs(20),
-        &format!("{n} more sweeps"),
-        || async { gauges_seen(statsd) >= target },
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_and_counts_each_action()
- {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let total = JOB_BATCH_SIZE as i64 + 500;
-    insert_stale_jobs(&mut conn, "reset", total - 300, 1, 5, 4_000).await;
-    insert_stale_jobs(&mut conn, "dead", 300, 2, 3, 4_000).await;
-    open_gates(&mut conn).await;
-    let (log, lines) = EventLog::in_memory();
-    let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(
-        PgJobQueue::new(db.target()),
-        log,
-        metrics.clone(),
-        "lease-sweeper@test-host".into(),
-    );
-
-    let outcome = reaper
-        .reap_once(&tokio_util::sync::CancellationToken::new())
-        .await
-        .expect("reap succeeds");
-    metrics.flush().await;
-
-    assert_eq!(
-        (outcome.reset, outcome.dead_lettered, outcome.stale),
-        (total as u64 - 300, 300, 0)
-    );
-    assert_eq!(outcome.refused, None);
-    let lines = lines.lines();
-    assert_eq!(lines.len() as i64, total, "one line per action");
-    let dlq: HashSet<String> =
-        sqlx::query_scalar("SELECT dead_letter_id::text FROM job_dead_letter")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
-    let mut ids = HashSet::new();
-    for line in &lines {
-        let f = fields(line);
-        assert_eq!(
-            (f["level"].as_str(), f["message"].as_str()),
-            ("warn", "job_lease_expired")
-        );
-        assert!(ids.insert(f["jobId"].clone()), "job reported twice");
-        assert!(f["leaseOwner"].starts_with("worker-"));
-        assert!(f["overdueMillis"].parse::<i64>().unwrap() >= 4_000);
-        assert_eq!(f["backend"], "pg");
-        match f["jobKind"].as_str() {
-            "reset" => {
-                assert_eq!(f["action"], "reset_to_retry_waiting");
-                assert_eq!(
-                    (f["attempts"].as_str(), f["maxAttempts"].as_str()),
-                    ("2", "5")
-                );
-                assert_eq!(f["backoffSec"], "20");
-                assert!(!f.contains_key("deadLetterId"));
-            }
-            "dead" => {
-                assert_eq!(f["action"], "moved_to_dead_letter");
-                assert_eq!(
-                    (f["attempts"].as_str(), f["maxAttempts"].as_str()),
-                    ("3", "3")
-                );
-                assert!(dlq.contains(&f["deadLetterId"]), "{line}");
-                assert!(!f.contains_key("backoffSec"));
-            }
-            other => panic!("unexpected jobKind {other}"),
-        }
-    }
-    let reset_tags = "#backend:pg,action:reset_to_retry_waiting";
-    let dead_tags = "#backend:pg,action:moved_to_dead_letter";
-    statsd
-        .wait_counter("queue.lease.reaped", reset_tags, total as u64 - 300)
-        .await;
-    statsd
-        .wait_counter("queue.lease.reaped", dead_tags, 300)
-        .await;
-    assert_eq!(
-        statsd.counter("queue.lease.reaped", reset_tags),
-        total as u64 - 300
-    );
-    assert_eq!(statsd.counter("queue.lease.reaped", dead_tags), 300);
-    // The gauge rides in a later datagram than the per-batch counts.
-    wait_until(Duration::from_secs(5), "the stale gauge", || async {
-        statsd
-            .gauge("queue.lease.stale.current", "#backend:pg")
-            .is_some()
-    })
-    .await;
-    assert_eq!(
-        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
-        Some(0)
-    );
-}
-
-#[tokio::test]
-async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_reports_the_stale_gauge()
- {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    insert_stale_jobs(&mut conn, "waiting", 7, 0, 5, 1_000).await;
-    gates(&mut conn, true, true, true).await; // armed but safe
-    let before = job_snapshot(&mut conn).await;
-    let (log, lines) = EventLog::in_memory();
-    let metrics = Metrics::new(statsd.target());
-    let mut reaper = JobReaper::new(
-        PgJobQueue::new(db.target()),
-        log,
-        metrics.clone(),
-        "lease-sweeper@test-host".into(),
-    );
-
-    let outcome = reaper
-        .reap_once(&tokio_util::sync::CancellationToken::new())
-        .await
-        .unwrap();
-    metrics.flush().await;
-
-    assert_eq!(
-        outcome.refused.as_deref(),
-        Some("queue.lease.reaper_dry_run_only=true")
-    );
-    assert_eq!(
-        (outcome.reset, outcome.dead_lettered, outcome.stale),
-        (0, 0, 7)
-    );
-    assert!(lines.lines().is_empty());
-    assert_eq!(job_snapshot(&mut conn).await, before);
-    wait_until(Duration::from_secs(10), "the gauge", || async {
-        statsd.gauge("queue.lease.stale.current", "#backend:pg") == Some(7)
-    })
-    .await;
-    assert_eq!(
-        statsd.counter(
-            "queue.lease.reaped",
-            "#backend:pg,action:reset_to_retry_waiting"
-        ),
-        0
-    );
-}
-
-#[tokio::test]
-async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_reaps_nothing() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let mut conn = db.connect().await;
-    let stale = insert_stale_jobs(&mut conn, "gated", 4, 0, 5, 1_000).await;
-    let before = job_snapshot(&mut conn).await;
-    let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
-
-    wait_sweeps(&statsd, 4).await;
-    // Both in one transaction, so no sweep sees the state in between.
-    let mut tx = sqlx::Connection::begin(&mut conn).await.unwrap();
-    set(&mut tx, SUBSTRATE, "true").await.unwrap();
-    set(&mut tx, REAPER, "true").await.unwrap();
-    tx.commit().await.unwrap();
-    wait_until(
-        Duration::from_secs(10),
-        "the new refusal reason",
-        || async { events(&daemon.lines(), "job_reaper_gated").len() >= 2 },
-    )
-    .await;
-    wait_sweeps(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
-    let gated = events(&lines, "job_reaper_gated");
-    let reasons: Vec<&str> = gated.iter().map(|g| g["reason"].as_str()).collect();
-    assert_eq!(
-        reasons,
-        [
-            "queue.job_substrate.enabled=false",
-            "queue.lease.reaper_dry_run_only=true"
-        ],
-        "one line per change of gate state: {lines:#?}"
-    );
-    assert!(gated.iter().all(|g| g["level"] == "info"));
-    assert!(gated[0]["actor"].starts_with("lease-sweeper@"));
-    assert!(events(&lines, "job_reaper_armed").is_empty());
-    assert!(events(&lines, "job_lease_expired").is_empty());
-    assert_eq!(job_snapshot(&mut conn).await, before, "nothing reaped");
-    assert_eq!(
-        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
-        Some(stale.len() as u64)
-    );
-    assert_eq!(code, Some(0));
-}
-
-#[tokio::test]
-async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_action_and_matching_counts()
- {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let mut conn = db.connect().await;
-    let reset = insert_stale_jobs(&mut conn, "retry_me", 20, 0, 5, 1_000).await;
-    let dead = insert_stale_jobs(&mut conn, "bury_me", 10, 4, 5, 1_000).await;
-    open_gates(&mut conn).await;
-    let mut daemon = Daemon::spawn(&reaper_env(&db, &port));
-
-    wait_until(
-        Duration::from_secs(20),
-        "30 job_lease_expired lines",
-        || async { events(&daemon.lines(), "job_lease_expired").len() >= 30 },
-    )
-    .await;
-    // A few more sweeps: nothing is reported twice.
-    wait_sweeps(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
-    let expired = events(&lines, "job_lease_expired");
-    assert_eq!(expired.len(), 30, "{lines:#?}");
-    let ids: HashSet<&str> = expired.iter().map(|e| e["jobId"].as_str()).collect();
-    let want: HashSet<&str> = reset.iter().chain(&dead).map(String::as_str).collect();
-    assert_eq!(ids, want);
-    assert!(expired.iter().all(|e| e["level"] == "warn"));
-    let resets = expired
-        .iter()
-        .filter(|e| e["action"] == "reset_to_retry_waiting")
-        .count();
-    assert_eq!(resets, 20);
-    assert_eq!(events(&lines, "job_reaper_armed").len(), 1);
-    assert!(events(&lines, "job_reaper_gated").is_empty());
-    statsd
-        .wait_counter(
-            "queue.lease.reaped",
-            "#backend:pg,action:moved_to_dead_letter",
-            10,
-        )
-        .await;
-    assert_eq!(
-        statsd.counter(
-            "queue.lease.reaped",
-            "#backend:pg,action:reset_to_retry_waiting"
-        ),
-        20
-    );
-    assert_eq!(
-        statsd.counter(
-            "queue.lease.reaped",
-            "#backend:pg,action:moved_to_dead_letter"
-        ),
-        10
-    );
-    assert_eq!(
-        statsd.gauge("queue.lease.stale.current", "#backend:pg"),
-        Some(0)
-    );
-    let actor: String = sqlx::query_scalar("SELECT DISTINCT moved_by FROM job_dead_letter")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert!(actor.starts_with("lease-sweeper@"), "{actor}");
-    assert_eq!(code, Some(0));
-}
-
-// ---- the CLI ----------------------------------------------------------------
-
-async fn cli_jobs(db: &TestDb, cmd: JobsCommand) -> (ExitCode, Value) {
-    let mut out = Vec::new();
-    let code = run_jobs(&db.target(), cmd, &mut out, false)
-        .await
-        .expect("the command runs");
-    let text = String::from_utf8(out).unwrap();
-    assert_eq!(
-        text.lines().count(),
-        1,
-        "one JSON line when not a terminal: {text}"
-    );
-    (code, serde_json::from_str(&text).unwrap())
-}
-
-async fn cli_gates(db: &TestDb, command: Option<GatesCommand>) -> (ExitCode, Value) {
-    let mut out = Vec::new();
-    let code = run_gates(
-        &db.target(),
-        GatesArgs {
-            command,
-            output: Default::default(),
-        },
-        &mut out,
-        false,
-    )
-    .await
-    .expect("the command runs");
-    (
-        code,
-        serde_json::from_str(&String::from_utf8(out).unwrap()).unwrap(),
-    )
-}
-
-fn gate_set(key: &str, value: &str) -> Option<GatesCommand> {
-    Some(GatesCommand::Set {
-        key: key.into(),
-        value: value.into(),
-        actor: "cli-operator".into(),
-    })
-}
-
-fn cli_apply() -> JobsCommand {
-    JobsCommand::Apply {
-        actor: "cli-operator".into(),
-        limit: LimitArg { limit: 100 },
-    }
-}
-
-#[tokio::test]
-async fn cli_jobs_apply_exits_1_with_the_refusal_json_while_gated_and_0_with_the_actions_once_opened()
- {
-    let db = TestDb::new().await;
-    let mut conn = db.connect().await;
-    insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
-    insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
-
-    assert_eq!(
-        cli_jobs(&db, cli_apply()).await,
-        (
-            ExitCode::from(1),
-            refusal("queue.job_substrate.enabled=false")
-        )
-    );
-    for (key, value) in [(SUBSTRATE, "true"), (REAPER, "true")] {
-        assert_eq!(
-            cli_gates(&db, gate_set(key, value)).await.0,
-            ExitCode::SUCCESS
-        );
-    }
-    assert_eq!(
-        cli_jobs(&db, cli_apply()).await,
-        (
-            ExitCode::from(1),
-            refusal("queue.lease.reaper_dry_run_only=true")
-        )
-    );
-    let (code, dry) = cli_jobs(&db, JobsCommand::DryRun(LimitArg { limit: 10 })).await;
-    assert_eq!(
-        (
-            code,
-            dry["stale_lease_count"].clone(),
-            dry["mutation"].clone()
-        ),
-        (ExitCode::SUCCESS, json!(2), json!(false))
-    );
-
-    let (code, set) = cli_gates(&db, gate_set(DRY_ONLY, "false")).await;
-    assert_eq!(
-        (code, set["value"].clone(), set["updated_by"].clone()),
-        (ExitCode::SUCCESS, json!("false"), json!("cli-operator"))
-    );
-    let (code, shown) = cli_gates(&db, None).await;
-    assert_eq!(
-        (
-            code,
-            shown["apply_allowed"].clone(),
-            shown["apply_refusal"].clone()
-        ),
-        (ExitCode::SUCCESS, json!(true), Value::Null)
-    );
-    assert_eq!(shown["settings"].as_array().unwrap().len(), 5);
-    let (code, out) = cli_jobs(&db, cli_apply()).await;
-
-    assert_eq!(code, ExitCode::SUCCESS);
-    assert_eq!(
-        (out["reset_count"].clone(), out["dead_letter_count"].clone()),
-        (json!(1), json!(1))
-    );
-    assert_eq!(out["actions"][0]["action"], "reset_to_retry_waiting");
-    assert_eq!(out["actions"][0]["backoff_sec"], 10);
-    assert_eq!(out["actions"][1]["action"], "moved_to_dead_letter");
-    assert_eq!(out["actions"][1]["attempts"], 5);
-}
-
-#[tokio::test]
-async fn cli_gates_set_with_an_unknown_key_or_bad_value_exits_1_with_a_clear_message_and_changes_nothing()
- {
-    let db = TestDb::new().await;
-
-    let (code, out) = cli_gates(&db, gate_set("queue.lease.reaper_enabeld", "true")).await;
-    assert_eq!(code, ExitCode::from(1));
-    assert_eq!(out["refused"], true);
-    let reason = out["reason"].as_str().unwrap();
-    assert!(
-        reason.contains("unknown setting key \"queue.lease.reaper_enabeld\""),
-        "{reason}"
-    );
-    assert!(
-        reason.contains("queue.lease.reaper_enabled"),
-        "lists the known keys: {reason}"
-    );
-
-    let (code, out) = cli_gates(&db, gate_set(REAPER, "on")).await;
-    assert_eq!(code, ExitCode::from(1));
-    assert!(
-        out["reason"]
-            .as_str()
-            .unwrap()
-            .contains("must be true or false"),
-        "{out}"
-    );
-
-    let (_, shown) = cli_gates(&db, None).await;
-    assert_eq!(
-        shown["apply_refusal"],
-        refusal("queue.job_substrate.enabled=false")
-    );
-    let mut conn = db.connect().await;
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM queue_setting_audit").await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn cli_database_errors_never_carry_the_password() {
-    let dir = std::env::temp_dir().join(format!("ls-jobs-nodb-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let target = lease_sweeper::config::DbTarget::from_url(
-        "LOCKDB_URL",
-        &format!(
-            "postgres://reaper:Hunter2-S3cret@localhost/locks?host={}",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let mut out = Vec::new();
-
-    let err = run_jobs(&target, cli_apply(), &mut out, false)
-        .await
-        .unwrap_err();
-
-    let msg = format!("{err:#}");
-    assert!(!msg.contains("Hunter2-S3cret"), "{msg}");
-    assert!(
-        msg.contains("postgres://reaper@/locks?host="),
-        "names the target: {msg}"
-    );
-    assert!(out.is_empty());
-}
-
-/// Runs the real binary as a script does (`--json`), with only
-/// `LOCKDB_URL` (and PATH) set; returns the exit code, stdout and stderr.
-async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = tokio::process::Command::new(crate::support::binary())
-        .args(args)
-        .arg("--json")
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("LOCKDB_URL", &db.url)
-        .output()
-        .await
-        .expect("running lease-sweeper");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-#[tokio::test]
-async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_bad_gate_key() {
-    let db = TestDb::new().await;
-    let mut conn = db.connect().await;
-    insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
-    insert_stale_jobs(&mut conn, "phase2_proof_dlq_bound", 1, 4, 5, 1_000).await;
-    let json =
-        |s: &str| -> Value { serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s:?}")) };
-
-    let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "ops"]).await;
-    assert_eq!(
-        (code, json(&out)),
-        (Some(1), refusal("queue.job_substrate.enabled=false"))
-    );
-    assert_eq!(out.lines().count(), 1, "one line on a pipe: {out:?}");
-
-    let (code, out, err) = binary(
-        &db,
-        &["gates", "set", "queue.bogus", "true", "--actor", "ops"],
-    )
-    .await;
-    assert_eq!(code, Some(1), "{err}");
-    assert_eq!(json(&out)["refused"], true);
-    assert!(
-        err.contains("unknown setting key"),
-        "a clear message on stderr: {err}"
-    );
-
-    for (key, value, reason) in [
-        (SUBSTRATE, "true", "queue.lease.reaper_enabled=false"),
-        (REAPER, "true", "queue.lease.reaper_dry_run_only=true"),
-    ] {
-        let (code, out, err) = binary(&db, &["gates", "set", key, value, "--actor", "ops"]).await;
-        assert_eq!(
-            (code, json(&out)["value"].clone()),
-            (Some(0), json!(value)),
-            "{err}"
-        );
-        let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "ops"]).await;
-        assert_eq!((code, json(&out)), (Some(1), refusal(reason)));
-    }
-    let (code, out, _) = binary(&db, &["jobs", "dry-run", "--limit", "1"]).await;
-    let dry = json(&out);
-    assert_eq!(
-        (code, dry["stale_lease_count"].clone(), dry["limit"].clone()),
-        (Some(0), json!(2), json!(1))
-    );
-    binary(&db, &["gates", "set", DRY_ONLY, "false", "--actor", "ops"]).await;
-    let (code, out, _) = binary(&db, &["gates"]).await;
-    assert_eq!(
-        (code, json(&out)["apply_allowed"].clone()),
-        (Some(0), json!(true))
-    );
-
-    let (code, out, _) = binary(&db, &["jobs", "apply", "--actor", "phase2_proof_reaper"]).await;
-
-    let applied = json(&out);
-    assert_eq!(code, Some(0));
-    assert_eq!(applied["actor"], "phase2_proof_reaper");
-    assert_eq!(
-        (
-            applied["reset_count"].clone(),
-            applied["dead_letter_count"].clone()
-        ),
-        (json!(1), json!(1))
-    );
-    assert_eq!(applied["actions"][0]["backoff_sec"], 10);
-    assert_eq!(applied["actions"][1]["attempts"], 5);
-    // Usage errors are clap's: exit 2.
-    assert_eq!(
-        binary(&db, &["jobs", "apply"]).await.0,
-        Some(2),
-        "--actor is required"
-    );
-    assert_eq!(
-        binary(&db, &["jobs", "dry-run", "--limit", "0"]).await.0,
-        Some(2)
-    );
-}
-
-#[tokio::test]
-async fn cli_prints_indented_json_for_a_terminal_and_the_same_value_on_one_line_otherwise() {
-    let db = TestDb::new().await;
-    let dry = || JobsCommand::DryRun(LimitArg { limit: 5 });
-    let mut pretty = Vec::new();
-    let mut plain = Vec::new();
-
-    run_jobs(&db.target(), dry(), &mut pretty, true)
-        .await
-        .unwrap();
-    run_jobs(&db.target(), dry(), &mut plain, false)
-        .await
-        .unwrap();
-
-    let (pretty, plain) = (
-        String::from_utf8(pretty).unwrap(),
-        String::from_utf8(plain).unwrap(),
-    );
-    assert!(pretty.lines().count() > 3, "{pretty}");
-    assert_eq!(plain.lines().count(), 1, "{plain}");
-    let mut a: Value = serde_json::from_str(&pretty).unwrap();
-    let mut b: Value = serde_json::from_str(&plain).unwrap();
-    a["evaluated_at"].take();
-    b["evaluated_at"].take();
-    assert_eq!(a, b);
 }
