@@ -190,16 +190,27 @@ daemon_ticks() {
     for p in "${DPIDS[@]}"; do t=$((t + $(proc_ticks "$p"))); done
     echo "$t"
 }
+# transactions the server finished in database fleet (committed + rolled
+# back; the statistics are flushed within a second, so a window's count is
+# exact to about a second's worth at either end)
+pg_xacts() {
+    "$PG_BIN/psql" -X -Atq -d fleet -c "SELECT pg_stat_force_next_flush()" \
+        -c "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'fleet'" | tail -1
+}
 # measure SECS: CPU over a window; sets M_EL (s), M_PG, M_BOUNCER, M_DAEMONS
-# (ticks).
+# (ticks), M_XACTS (server transactions in the window, the harness's two
+# counting ones excluded).
 measure() {
-    local t0 t1 p0 p1 b0=0 b1=0 d0 d1
+    local t0 t1 p0 p1 b0=0 b1=0 d0 d1 x0 x1
+    x0=$(pg_xacts)
     t0=$(now) p0=$(pg_ticks) d0=$(daemon_ticks)
     [[ -n $BPID ]] && b0=$(proc_ticks "$BPID")
     sleep "$1"
     t1=$(now) p1=$(pg_ticks) d1=$(daemon_ticks)
     [[ -n $BPID ]] && b1=$(proc_ticks "$BPID")
+    x1=$(pg_xacts)
     M_EL=$(calc "$t1 - $t0") M_PG=$((p1 - p0)) M_BOUNCER=$((b1 - b0)) M_DAEMONS=$((d1 - d0))
+    M_XACTS=$((x1 - x0 - 2))
 }
 # ms of CPU per second of window (per N when given)
 ms_per_s() { calc "$1 * 1000 / $HZ / $M_EL / ${2:-1}"; }
@@ -290,6 +301,12 @@ count_alive() {
 # grep_count PATTERN DIR: matching lines over every stdout and stderr file
 grep_count() { cat "$2"/*.out "$2"/*.err | grep -c -- "$1" || true; }
 
+# What each daemon's held-lease recount costs the server (once per
+# HELD_COUNT_INTERVAL per daemon): the median of 5 timings.
+COUNT_MS=$(for _ in 1 2 3 4 5; do
+    "$PSQL" -X -Atq -d fleet -c "EXPLAIN (ANALYZE, TIMING OFF) SELECT count(*) FROM lock_entry" | grep -o 'Execution Time: [0-9.]*' | awk '{print $3}'
+done | sort -n | sed -n 3p)
+
 # ---------------------------------------------------------------- baseline
 log "baseline: no daemon, ${IDLE_SECS} s"
 LOADS+=("baseline $(load_now)")
@@ -319,8 +336,9 @@ LOADS+=("idle via PgBouncer $(load_now)")
 ALIVE_IDLE0=$(count_alive)
 measure "$IDLE_SECS"
 IDLE_PG=$(ms_per_s "$M_PG") IDLE_PG_PER=$(ms_per_s "$M_PG" "$DAEMONS")
+M_IDLE_PG_MS=$(calc "$M_PG * 1000 / $HZ")
 IDLE_BOUNCER=$(ms_per_s "$M_BOUNCER") IDLE_DAEMONS_PER=$(ms_per_s "$M_DAEMONS" "$DAEMONS")
-IDLE_EL=$M_EL
+IDLE_EL=$M_EL IDLE_XACTS=$M_XACTS
 ALIVE_IDLE1=$(count_alive)
 
 # ---------------------------------------------------------------- expiry
@@ -380,6 +398,9 @@ if ((DIRECT > 0)); then
     LPID=$!
     for _ in $(seq 100); do [[ -s $WORK/statsd.port2 ]] && break; sleep 0.05; done
     SPORT=$(cat "$WORK/statsd.port2")
+    # The wave's dead rows and stale statistics out of the way first, so no
+    # autovacuum lands in the window.
+    "$PSQL" -X -q -d fleet -c "VACUUM ANALYZE"
     log "starting $DIRECT daemons directly"
     start_fleet "$DIRECT" "$DIRECT_URL" direct
     deadline=$(($(date +%s) + 180))
@@ -389,7 +410,7 @@ if ((DIRECT > 0)); then
     log "idle direct: ${IDLE_SECS} s"
     LOADS+=("idle direct $(load_now)")
     measure "$IDLE_SECS"
-    DIRECT_PG=$(ms_per_s "$M_PG") DIRECT_PG_PER=$(ms_per_s "$M_PG" "$DIRECT")
+    DIRECT_PG=$(ms_per_s "$M_PG") DIRECT_PG_PER=$(ms_per_s "$M_PG" "$DIRECT") DIRECT_XACTS=$M_XACTS DIRECT_EL=$M_EL
     DIRECT_ALIVE=$(count_alive)
     DIRECT_FAILED=$(( $(grep_count 'message=sweep_failed' "$WORK/direct") + $(grep_count 'message=job_reap_failed' "$WORK/direct") ))
     stop_daemons
@@ -437,12 +458,14 @@ row "PgBouncer log errors/warnings" "$BOUNCER_ERRORS" "" "${BOUNCER_FDS:-}"
 row "database CPU, no daemon" "$(fmt "$BASE_PG" 2) ms/s" "" ""
 goal "$IDLE_PG_PER" 0.2
 row "database CPU, $DAEMONS idle via PgBouncer" "$(fmt "$IDLE_PG" 1) ms/s = **$(fmt "$IDLE_PG_PER" 3) ms/s per daemon**" "goal ≤ 0.2 ms/s per daemon (issue 12)" "$V"
+row "server transactions, $DAEMONS idle via PgBouncer" "$(fmt "$(calc "$IDLE_XACTS / $IDLE_EL / $DAEMONS")" 2) per daemon per s; $(fmt "$(calc "$M_IDLE_PG_MS / $((IDLE_XACTS > 0 ? IDLE_XACTS : 1))")" 3) ms database CPU each" "" "held recount (count(*) at $LEASES leases): $COUNT_MS ms, every 10 s per daemon"
 row "PgBouncer CPU, idle" "$(fmt "$IDLE_BOUNCER" 1) ms/s ($(fmt "$(calc "$IDLE_BOUNCER / $DAEMONS")" 3) per daemon)" "" ""
 row "daemon CPU, idle" "$(fmt "$IDLE_DAEMONS_PER" 3) ms/s per daemon ($(fmt "$(calc "$IDLE_DAEMONS_PER * $DAEMONS")" 1) ms/s in all)" "" ""
 if ((DIRECT > 0)); then
     goal "$DIRECT_PG_PER" 0.2
     row "database CPU, $DIRECT idle direct" "$(fmt "$DIRECT_PG" 1) ms/s = **$(fmt "$DIRECT_PG_PER" 3) ms/s per daemon**" "goal ≤ 0.2 ms/s per daemon" "$V"
     verdict '((DIRECT_ALIVE == DIRECT && DIRECT_FAILED == 0 && D_EXIT_OK == DIRECT))'
+    row "server transactions, $DIRECT idle direct" "$(fmt "$(calc "$DIRECT_XACTS / $DIRECT_EL / $DIRECT")" 2) per daemon per s; $(fmt "$(calc "$DIRECT_PG * $DIRECT_EL / $((DIRECT_XACTS > 0 ? DIRECT_XACTS : 1))")" 3) ms database CPU each" "" ""
     row "direct: alive / failures / exit 0" "$DIRECT_ALIVE / $DIRECT_FAILED / $D_EXIT_OK${D_EXIT_BAD:+ (others:$D_EXIT_BAD)}" "$DIRECT / 0 / $DIRECT" "$V"
 fi
 {
