@@ -31,14 +31,6 @@ pub const SWEEP_DELAY: Duration = Duration::from_secs(1);
 /// of this 2-core machine) at 7.6 MiB peak RSS instead of 15 or 28 MiB.
 pub const BATCH_SIZE: usize = 5_000;
 
-/// How often the `lock.held.current` gauge is recounted. The count is a
-/// full scan of `lock_entry` (12 ms of database time per sweep at 100,000
-/// leases, ~100 ms at 1,000,000; docs/performance.md), and StatsD pipelines
-/// flush gauges every 10 s, so a fresher count is never seen. Between
-/// recounts the gauge is the last count less what this replica deleted since,
-/// re-sent after every sweep, so it never goes silent.
-pub const HELD_COUNT_INTERVAL: Duration = Duration::from_secs(10);
-
 /// After a shutdown signal, how long a sweep in flight may take to finish its
 /// batch before it is abandoned (its transaction then rolls back, so its
 /// leases are reported again by the next sweeper: at least once).
@@ -71,8 +63,6 @@ pub struct Sweeper<S: LockStore> {
     lock_errors: ErrorLog,
     job_errors: ErrorLog,
     on_sweep: Option<Box<dyn FnMut() + Send>>,
-    /// The last held-lease count and when it was taken.
-    held: Option<(i64, Instant)>,
 }
 
 impl<S: LockStore> Sweeper<S> {
@@ -85,7 +75,6 @@ impl<S: LockStore> Sweeper<S> {
             lock_errors: ErrorLog::new("sweep"),
             job_errors: ErrorLog::new("job_reap"),
             on_sweep: None,
-            held: None,
         }
     }
 
@@ -140,19 +129,10 @@ impl<S: LockStore> Sweeper<S> {
                 }
             }
         }
-        let held = match self.held {
-            // Between recounts, what this replica deleted is known exactly.
-            Some((held, at)) if at.elapsed() < HELD_COUNT_INTERVAL => {
-                let held = (held - outcome.swept as i64).max(0);
-                self.held = Some((held, at));
-                held
-            }
-            _ => {
-                let held = self.store.held_count().await?;
-                self.held = Some((held, Instant::now()));
-                held
-            }
-        };
+        // The store's count is shared by the fleet and at most its documented
+        // age (PgLockStore: 10 s): one cheap read per sweep, one recount per
+        // interval for all replicas together.
+        let held = self.store.held_count().await?;
         self.metrics.held_current(backend, held.max(0) as u64);
         outcome.held = Some(held);
         Ok(outcome)

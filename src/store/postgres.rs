@@ -15,18 +15,40 @@ use crate::store::{ExpiredLease, LockStore, StoreError};
 
 type Report<'a> = &'a mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send);
 
+/// How old the shared held-lease count may be before a caller recounts it:
+/// the `lock.held.current` gauge is at most this (plus one count) stale. Ten
+/// seconds is the flush interval of Etsy statsd and the Datadog agent, so a
+/// fresher count would never be seen; the recount is a full scan, done once
+/// per interval by one daemon of the whole fleet (docs/performance.md).
+pub const HELD_COUNT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct PgLockStore {
     db: Db,
-    /// Where the next expired-lease batch resumes (epoch milliseconds): the
-    /// newest deadline of the previous batch while a sweep is draining full
-    /// batches, 0 (from the oldest) at the start of each sweep.
-    resume_after_millis: i64,
+    /// Where the next expired-lease batch starts.
+    next: Next,
+    /// The walk ran out of its page budget during this sweep (expired rows
+    /// are sparse): the rest of the sweep uses the index.
+    sparse: bool,
 }
 
-/// Which of the two deleting statements a batch runs.
+/// Where the next expired-lease batch starts. The first batch of every sweep
+/// is `Oldest`; a full batch means a backlog, drained by walking the heap
+/// (`Walk`) or, where expired rows are sparse, by resuming the index scan at
+/// the newest deadline reaped (`After`). Any short batch or error goes back to
+/// `Oldest`, so a lease passed over (locked by another replica, or expired
+/// behind the walk) is reaped by the next sweep at the latest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Oldest,
+    After(i64),
+    Walk(i64),
+}
+
+/// Which of the deleting statements a batch runs.
 #[derive(Clone, Copy)]
 enum Batch {
-    Expired,
+    Expired { after_millis: i64 },
+    Walk { from_page: i64 },
     Takeovers,
 }
 
@@ -34,31 +56,79 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target),
-            resume_after_millis: 0,
+            next: Next::Oldest,
+            sparse: false,
         }
     }
 
     async fn batch(
         &mut self,
         kind: Batch,
-        limit: usize,
+        limit: i32,
         report: Report<'_>,
-    ) -> Result<usize, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    ) -> Result<Done, StoreError> {
         let conn = self.db.conn().await?;
-        let after = self.resume_after_millis;
-        // Until this batch comes back full, the next one starts from the oldest.
-        self.resume_after_millis = 0;
-        match batch_in_tx(conn, kind, limit, after, report).await {
-            Ok((n, newest)) => {
-                if matches!(kind, Batch::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
-                    self.resume_after_millis = newest.unwrap_or(0);
-                }
-                Ok(n)
-            }
+        match batch_in_tx(conn, kind, limit, report).await {
+            Ok(done) => Ok(done),
             Err(failure) => Err(self.db.batch_failed(failure)),
         }
     }
+
+    /// One batch by the expiry index, from `after_millis` (0: the oldest).
+    async fn index_batch(
+        &mut self,
+        after_millis: i64,
+        limit: i32,
+        report: Report<'_>,
+    ) -> Result<usize, StoreError> {
+        let done = self
+            .batch(Batch::Expired { after_millis }, limit, report)
+            .await?;
+        self.next = if done.n < limit as usize {
+            self.sparse = false;
+            Next::Oldest
+        } else if after_millis == 0 && !self.sparse {
+            Next::Walk(0)
+        } else {
+            Next::After(done.newest_millis.unwrap_or(0))
+        };
+        Ok(done.n)
+    }
+
+    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<usize, StoreError> {
+        match self.next {
+            Next::Oldest => self.index_batch(0, limit, report).await,
+            Next::After(after) => self.index_batch(after, limit, report).await,
+            Next::Walk(from_page) => {
+                let done = self.batch(Batch::Walk { from_page }, limit, report).await?;
+                let next_page = done.next_page.unwrap_or(-1);
+                if done.n >= limit as usize && next_page >= 0 {
+                    self.next = Next::Walk(next_page);
+                    return Ok(done.n);
+                }
+                self.next = Next::Oldest;
+                if next_page < 0 {
+                    // The whole table was walked: this sweep's drain is done.
+                    self.sparse = false;
+                    return Ok(done.n);
+                }
+                // The page budget ran out first: too few expired rows per
+                // page for the walk to pay; the index takes over at once.
+                self.sparse = true;
+                let more = self.index_batch(0, limit, report).await?;
+                Ok(done.n + more)
+            }
+        }
+    }
+}
+
+/// What a committed batch did.
+struct Done {
+    n: usize,
+    /// The newest deadline reaped (index batches).
+    newest_millis: Option<i64>,
+    /// Where a walk goes next (walk batches).
+    next_page: Option<i64>,
 }
 
 /// Delete, report, commit: the order that makes a line precede its commit.
@@ -67,17 +137,24 @@ async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Batch,
     limit: i32,
-    after_millis: i64,
     report: Report<'_>,
-) -> Result<(usize, Option<i64>), BatchFailure> {
+) -> Result<Done, BatchFailure> {
     let mut tx = conn
         .begin()
         .await
         .map_err(|e| BatchFailure::Query("BEGIN", e))?;
+    let mut next_page = None;
     let leases = match kind {
-        Batch::Expired => locks::reap_expired(&mut tx, limit, after_millis)
+        Batch::Expired { after_millis } => locks::reap_expired(&mut tx, limit, after_millis)
             .await
             .map_err(|e| BatchFailure::Query("reap_expired", e))?,
+        Batch::Walk { from_page } => {
+            let (leases, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
+                .await
+                .map_err(|e| BatchFailure::Query("reap_expired_walk", e))?;
+            next_page = Some(next);
+            leases
+        }
         Batch::Takeovers => locks::drain_takeovers(&mut tx, limit)
             .await
             .map_err(|e| BatchFailure::Query("drain_takeovers", e))?,
@@ -88,8 +165,11 @@ async fn batch_in_tx(
     tx.commit()
         .await
         .map_err(|e| BatchFailure::Query("COMMIT", e))?;
-    let newest = leases.iter().map(|l| l.expired_at_millis).max();
-    Ok((leases.len(), newest))
+    Ok(Done {
+        n: leases.len(),
+        newest_millis: leases.iter().map(|l| l.expired_at_millis).max(),
+        next_page,
+    })
 }
 
 impl LockStore for PgLockStore {
@@ -102,7 +182,14 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Batch::Expired, limit, report).await
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let result = self.reap(limit, report).await;
+        if result.is_err() {
+            // After an error the next batch starts from the oldest again.
+            self.next = Next::Oldest;
+            self.sparse = false;
+        }
+        result
     }
 
     async fn drain_takeovers(
@@ -110,14 +197,16 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Batch::Takeovers, limit, report).await
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        Ok(self.batch(Batch::Takeovers, limit, report).await?.n)
     }
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {
         let conn = self.db.conn().await?;
-        match locks::count_held(conn).await {
-            Ok(n) => Ok(n),
-            Err(e) => Err(self.db.query_failed("count_held", e)),
+        let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
+        match locks::held_count(conn, max_age).await {
+            Ok((n, _recounted)) => Ok(n),
+            Err(e) => Err(self.db.query_failed("held_count", e)),
         }
     }
 }

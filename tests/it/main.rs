@@ -4,9 +4,11 @@
 mod check;
 mod daemon;
 mod faults;
+mod held_count;
 mod hostile;
 mod jobs;
 mod privilege;
+mod reap_walk;
 mod support;
 mod sweep;
 mod systemd;
