@@ -240,3 +240,35 @@ $$;
 REVOKE ALL ON FUNCTION lock_reap_expired_walk(integer, bigint), lock_held_count_get(bigint) FROM PUBLIC;
 REVOKE ALL ON TABLE lock_held_count FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_reap_expired_walk(integer, bigint), lock_held_count_get(bigint) TO lease_sweeper;
+
+-- One statement for an idle sweep: is anything expired, is any takeover
+-- recorded, and, when nothing is expired, the shared held count (as
+-- lock_held_count_get; NULL when the sweep is about to delete, so the count
+-- it reports is read after its deletions). An idle
+-- sweep used to run two transactions (reap, takeovers) and a count; with
+-- this probe it runs one statement, and the reaping statements only when
+-- there is something to reap. Something that expires or is taken over just
+-- after the probe is reaped by the next sweep, as it would have been had it
+-- happened just after the reap.
+CREATE FUNCTION lock_sweep_probe(p_max_age_millis bigint)
+RETURNS TABLE (expired boolean, takeovers boolean, held bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_expired boolean := EXISTS (SELECT 1 FROM lock_entry AS e WHERE e.expires_at <= pg_catalog.now());
+    v_takeovers boolean := EXISTS (SELECT 1 FROM lock_expiry_outbox);
+BEGIN
+    IF v_expired THEN
+        -- The sweep is about to delete: its count is read (and, if stale,
+        -- recounted) after the deletions, not before them.
+        RETURN QUERY SELECT true, v_takeovers, NULL::bigint;
+    ELSE
+        RETURN QUERY SELECT false, v_takeovers, c.held FROM lock_held_count_get(p_max_age_millis) AS c;
+    END IF;
+END
+$$;
+
+REVOKE ALL ON FUNCTION lock_sweep_probe(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lock_sweep_probe(bigint) TO lease_sweeper;

@@ -90,6 +90,7 @@ pub const EXPECTED: &[Object] = &[
     Object::Table("lock_held_count"),
     Object::Function("lock_reap_expired_walk"),
     Object::Function("lock_held_count_get"),
+    Object::Function("lock_sweep_probe"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -132,6 +133,11 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Function("lock_reap_expired_walk"),
         privileges: &["EXECUTE"],
         why: "the sweep drains a backlog of expired leases through it",
+    },
+    Grant {
+        on: Object::Function("lock_sweep_probe"),
+        privileges: &["EXECUTE"],
+        why: "an idle sweep asks in one statement whether there is anything to reap",
     },
     Grant {
         on: Object::Function("lock_drain_takeovers"),

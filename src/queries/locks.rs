@@ -134,6 +134,22 @@ pub async fn drain_takeovers(
         .collect())
 }
 
+/// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
+/// `migrations/`): is any lease expired, is any takeover recorded, and the
+/// shared held count at most `$1` ms old (NULL when something is expired:
+/// the sweep reads it after deleting).
+pub const SWEEP_PROBE: &str = "SELECT expired, takeovers, held FROM lock_sweep_probe($1)";
+
+pub async fn sweep_probe(
+    conn: &mut PgConnection,
+    max_age_millis: i64,
+) -> Result<(bool, bool, Option<i64>), sqlx::Error> {
+    sqlx::query_as(SWEEP_PROBE)
+        .bind(max_age_millis)
+        .fetch_one(conn)
+        .await
+}
+
 /// The shared held-lease count, at most `max_age_millis` old (plus one
 /// count's duration), and whether this call was the one that recounted.
 pub async fn held_count(

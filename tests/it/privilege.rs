@@ -296,7 +296,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
 
     // The only functions running with their owner's rights that it may call:
     // the three that delete nothing but expired leases (index order, backlog
-    // walk) and recorded takeovers, the shared held count, and the job
+    // walk) and recorded takeovers, the shared held count and the idle-sweep
+    // probe, and the job
     // reaper's apply.
     let definers: Vec<String> = sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -314,7 +315,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
             "lock_drain_takeovers",
             "lock_held_count_get",
             "lock_reap_expired",
-            "lock_reap_expired_walk"
+            "lock_reap_expired_walk",
+            "lock_sweep_probe"
         ]
     );
 
