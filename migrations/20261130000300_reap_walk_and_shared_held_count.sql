@@ -1,25 +1,11 @@
 -- Faster reaping and one held-lease count for a whole fleet (issue 12).
 --
--- 1. lock_reap_expired(integer, bigint) keeps its signature, result columns
---    and row choice (oldest deadline first, FOR UPDATE SKIP LOCKED, delete by
---    tuple id, the deadline checked again on the delete), with three changes:
---    - no `numeric` per row. EXTRACT returns numeric since PostgreSQL 14, and
---      two floor(EXTRACT(...) * 1000) per row were a visible share of a
---      million-row drain. Now the statement's clock is read once as integer
---      microseconds and each row's lateness is `date_part('epoch', interval)`
---      (float8) rounded to whole microseconds, which is exact for any
---      lateness below ~140 years; milliseconds are floored with integer
---      division, as floor(EXTRACT(...) * 1000) did.
---    - no lower-bound trap: p_after_millis <= 0 means "from the oldest",
---      including deadlines before 1970 and -infinity (the old bound
---      `expires_at >= 'epoch' + 0 ms` hid those from every sweep).
---    - a NULL or negative p_limit is refused (22023) instead of meaning
---      "no limit" (NULL) or a bare LIMIT error; NULL p_after_millis is 0.
---    An infinite deadline (-infinity) cannot be turned into milliseconds; it
---    is reported, not left behind forever: expired_at_millis is the smallest
---    bigint and overdue_millis the largest, values no finite deadline yields.
+-- 1. lock_reap_expired is not touched here: its semantics (lower bound,
+--    limits, rows set aside) belong to migration 20261130000100 (issue 11,
+--    branch `rows`), and the first batch of every sweep still goes through
+--    it. Only the backlog after a full first batch takes the walk below.
 --
--- 2. lock_reap_expired_walk(integer, bigint): the same reap for a backlog,
+-- 2. lock_reap_expired_walk(integer, bigint): the reap for a backlog,
 --    walking the heap in physical order (a TID range scan) instead of the
 --    expiry index in deadline order. When most of the table has expired the
 --    index order visits heap pages at random and the drain paid for it; the
@@ -37,6 +23,10 @@
 --      back to lock_reap_expired).
 --    A batch that deletes nothing still returns one row, all NULL but
 --    next_page, so the caller always knows where it is.
+--    A batch that fails (a row that cannot be deleted: a trigger, a
+--    constraint) deletes nothing and returns the budget-exhausted answer, so
+--    the caller goes back to lock_reap_expired, whose per-row path sets the
+--    bad row aside; the walk never stops a sweep.
 --    A row passed over (locked by another replica or an acquire, or expiring
 --    after the walk passed its page) is reaped by a later batch or sweep,
 --    which starts from the oldest deadline: never lost, at most one sweep late.
@@ -54,53 +44,8 @@
 -- pinned (pg_temp last), pg_catalog-qualified calls, operands of the built-in
 -- types, EXECUTE revoked from PUBLIC and granted to lease_sweeper only.
 
-CREATE OR REPLACE FUNCTION lock_reap_expired(p_limit integer, p_after_millis bigint DEFAULT 0)
-RETURNS TABLE (lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, public, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    -- The statement's clock (now() is fixed for the transaction), read once.
-    v_now_us bigint := (EXTRACT(epoch FROM pg_catalog.now()) * 1000000::numeric)::bigint;
-    v_after timestamptz := '-infinity';
-BEGIN
-    IF p_limit IS NULL OR p_limit < 0 THEN
-        RAISE EXCEPTION 'lock_reap_expired: limit must be a non-negative number of leases, got %', p_limit
-            USING ERRCODE = '22023';
-    END IF;
-    IF p_after_millis > 0 THEN
-        v_after := '1970-01-01 00:00:00+00'::timestamptz
-                   + p_after_millis * '1 millisecond'::interval;
-    END IF;
-    RETURN QUERY
-    DELETE FROM lock_entry AS e
-     WHERE e.ctid = ANY (ARRAY(
-            SELECT d.ctid
-              FROM lock_entry AS d
-             WHERE d.expires_at <= pg_catalog.now()
-               AND d.expires_at >= v_after
-             ORDER BY d.expires_at
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED))
-       AND e.expires_at <= pg_catalog.now()
-    RETURNING e.lock_key,
-              e.owner_id,
-              e.token,
-              -- The deadline in ms since the epoch, floored: now less the
-              -- lateness, both in whole microseconds.
-              CASE WHEN NOT pg_catalog.isfinite(e.expires_at) THEN -9223372036854775807 - 1
-                   WHEN e.expires_at >= '1970-01-01 00:00:00+00'::timestamptz
-                   THEN (v_now_us - pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.now() - e.expires_at)
-                                                     * 1000000::float8)::bigint) / 1000
-                   ELSE (v_now_us - pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.now() - e.expires_at)
-                                                     * 1000000::float8)::bigint - 999) / 1000 END,
-              -- Lateness in ms, floored (it is never negative).
-              CASE WHEN NOT pg_catalog.isfinite(e.expires_at) THEN 9223372036854775807
-                   ELSE pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.now() - e.expires_at)
-                                         * 1000000::float8)::bigint / 1000 END;
-END
-$$;
+-- One row of a walk batch, collected before it is returned (see below).
+CREATE TYPE lock_walk_row AS (lock_key text, owner_id text, token bigint, late interval);
 
 CREATE FUNCTION lock_reap_expired_walk(p_limit integer, p_from_page bigint)
 RETURNS TABLE (lock_key text, owner_id text, token bigint, late interval, now_micros bigint,
@@ -121,6 +66,7 @@ DECLARE
                       / pg_catalog.current_setting('block_size')::bigint;
     v_from bigint := GREATEST(p_from_page, 0);
     v_doomed tid[];
+    v_rows lock_walk_row[];
     v_next bigint;
 BEGIN
     IF p_limit IS NULL OR p_limit < 0 THEN
@@ -159,12 +105,33 @@ BEGIN
     END IF;
     -- Lateness as an interval and the clock once as integer microseconds: the
     -- caller derives both millisecond fields with integer arithmetic, so no
-    -- row pays for numeric (or float) conversions.
-    RETURN QUERY
-    DELETE FROM lock_entry AS e
-     WHERE e.ctid = ANY (v_doomed)
-       AND e.expires_at <= pg_catalog.now()
-    RETURNING e.lock_key, e.owner_id, e.token, pg_catalog.now() - e.expires_at, v_now_us, v_next;
+    -- row pays for numeric (or float) conversions. The rows are collected
+    -- inside a subtransaction and returned after it, so a failed delete
+    -- returns nothing it did not delete.
+    BEGIN
+        WITH gone AS (
+            DELETE FROM lock_entry AS e
+             WHERE e.ctid = ANY (v_doomed)
+               AND e.expires_at <= pg_catalog.now()
+            RETURNING e.lock_key, e.owner_id, e.token, pg_catalog.now() - e.expires_at AS late
+        )
+        SELECT pg_catalog.array_agg(ROW(g.lock_key, g.owner_id, g.token, g.late)::lock_walk_row)
+          INTO v_rows
+          FROM gone AS g;
+    EXCEPTION WHEN OTHERS THEN
+        -- Nothing was deleted. Answer "budget ran out": the caller reaps the
+        -- rest of this sweep through lock_reap_expired, which sets a bad row
+        -- aside instead of failing the batch.
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::interval, v_now_us,
+                            GREATEST(v_from + v_budget, 0);
+        RETURN;
+    END;
+    IF v_rows IS NULL THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::bigint, NULL::interval, v_now_us, v_next;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT r.lock_key, r.owner_id, r.token, r.late, v_now_us, v_next
+                   FROM pg_catalog.unnest(v_rows) AS r;
 END
 $$;
 
