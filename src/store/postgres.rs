@@ -114,7 +114,19 @@ impl PgLockStore {
             Next::Oldest => self.index_batch(0, limit, report).await,
             Next::After(after) => self.index_batch(after, limit, report).await,
             Next::Walk(from_page) => {
-                let done = self.batch(Batch::Walk { from_page }, limit, report).await?;
+                let done = match self.batch(Batch::Walk { from_page }, limit, report).await {
+                    Ok(done) => done,
+                    // A walk batch that failed rolled back whole (a row that
+                    // cannot be deleted, say). The index reap sets such a row
+                    // aside instead of failing, so it takes over this sweep;
+                    // if the database is gone, it fails too, as it should.
+                    Err(StoreError::Query { .. }) => {
+                        self.sparse = true;
+                        self.next = Next::Oldest;
+                        return self.index_batch(0, limit, report).await;
+                    }
+                    Err(e) => return Err(e),
+                };
                 let next_page = done.next_page.unwrap_or(-1);
                 if done.n >= limit as usize && next_page >= 0 {
                     self.next = Next::Walk(next_page);
