@@ -1,7 +1,7 @@
 -- Loads :n leases into lock_entry. psql variables:
 --   n      how many
 --   past   'true': every lease already expired (deadlines spread over the
---          last 10 minutes, in random order relative to insertion, the
+--          last hour, in random order relative to insertion, the
 --          pessimistic case for an index-order drain);
 --          'false': every lease live for the next hour (idle case);
 --   spread when > 0 (seconds): deadlines spread evenly over `spread`
@@ -24,6 +24,6 @@ SELECT 'orders/' || md5(g::text) || '/' || g,
        nextval('lock_fencing_token_seq'),
        now() - interval '20 minutes',
        CASE WHEN :spread > 0 THEN now() + (:lead + g::float8 / :n * :spread) * interval '1 second'
-            WHEN :past THEN now() - random() * interval '10 minutes' - interval '1 second'
+            WHEN :past THEN now() - random() * interval '1 hour' - interval '1 second'
             ELSE now() + interval '1 hour' + random() * interval '10 minutes' END
   FROM generate_series(1, :n) AS g;

@@ -49,12 +49,12 @@ pg_start() {
     if [[ $(id -u) == 0 ]]; then chown postgres: "$dir"; fi
     pg_as "$PG_BIN/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; return 1; }
-    local opts="-k $dir -p 5432" s
+    local opts="-k $dir -p ${PG_PORT:-5432}" s
     for s in "${PG_BENCH_SETTINGS[@]}"; do opts+=" -c $s"; done
     pg_as "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 -o "$opts" start >/dev/null \
         || { tail -20 "$dir/postgres.log" >&2; return 1; }
-    export PGHOST=$dir PGPORT=5432 PGUSER=postgres PGDATABASE=postgres
-    PG_URL="postgres://postgres@localhost:5432/postgres?host=$dir"
+    export PGHOST=$dir PGPORT=${PG_PORT:-5432} PGUSER=postgres PGDATABASE=postgres
+    PG_URL="postgres://postgres@localhost:$PGPORT/postgres?host=$dir"
     export PG_URL PG_BIN PG_DIR
 }
 

@@ -15,6 +15,9 @@
 #           the resumable reap)
 #   function_resume  the product as the daemon calls it now:
 #           lock_reap_expired($1, <newest deadline of the previous batch>)
+#   walk    the backlog walk as the daemon drives it after a full first
+#           batch: lock_reap_expired_walk($1, <page it returned last>)
+#           (migration 20261130000300), the page carried through a setting
 #   ctid    the function's statement run inline (ctid = ANY(ARRAY(...)))
 #   key     lock_key IN (subquery)  (the shape SPEC §6 measured at 37-46 s)
 #   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
@@ -35,6 +38,10 @@ function) stmt="SELECT * FROM lock_reap_expired(\$1)" ;;
 function_resume)
     stmt="WITH del AS (SELECT * FROM lock_reap_expired(\$1, current_setting('bench.after')::bigint)),
     mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark" ;;
+walk)
+    stmt="WITH del AS (SELECT * FROM lock_reap_expired_walk(\$1, current_setting('bench.page')::bigint)),
+    mark AS (SELECT set_config('bench.page', coalesce(max(next_page), -1)::text, false) FROM del)
     SELECT del.* FROM del, mark" ;;
 ctid) stmt="WITH doomed AS (SELECT ctid FROM lock_entry WHERE expires_at <= now()
         ORDER BY expires_at LIMIT \$1 FOR UPDATE SKIP LOCKED)
@@ -64,7 +71,7 @@ batches=$(( n / batch + 1 ))
 script=$(mktemp)
 trap 'rm -f "$script"' EXIT
 {
-    echo "SET bench.after = '0';"
+    echo "SET bench.after = '0'; SET bench.page = '0';"
     echo "PREPARE reap(integer) AS $stmt;"
     for ((i = 1; i <= batches; i++)); do
         if [[ $mode == explain ]] && (( i == 1 || i == (batches + 1) / 2 || i == batches )); then

@@ -87,6 +87,11 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("lock_release"),
     Object::Function("lock_reap_expired"),
     Object::Function("lock_drain_takeovers"),
+    // Backlog walk and shared held count (migrations/20261130000300_…).
+    Object::Table("lock_held_count"),
+    Object::Function("lock_reap_expired_walk"),
+    Object::Function("lock_held_count_get"),
+    Object::Function("lock_sweep_probe"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -114,9 +119,9 @@ pub struct Grant {
 /// What `run` does with the connecting role's rights. One line per object.
 pub const GRANTS: &[Grant] = &[
     Grant {
-        on: Object::Table("lock_entry"),
-        privileges: &["SELECT"],
-        why: "the lock.held.current gauge counts held leases",
+        on: Object::Function("lock_held_count_get"),
+        privileges: &["EXECUTE"],
+        why: "the lock.held.current gauge reads the fleet's shared count",
     },
     // The sweep deletes only through these SECURITY DEFINER functions, which
     // can delete nothing but expired rows: no DELETE on the tables is needed.
@@ -124,6 +129,16 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Function("lock_reap_expired"),
         privileges: &["EXECUTE"],
         why: "the sweep deletes expired leases through it",
+    },
+    Grant {
+        on: Object::Function("lock_reap_expired_walk"),
+        privileges: &["EXECUTE"],
+        why: "the sweep drains a backlog of expired leases through it",
+    },
+    Grant {
+        on: Object::Function("lock_sweep_probe"),
+        privileges: &["EXECUTE"],
+        why: "an idle sweep asks in one statement whether there is anything to reap",
     },
     Grant {
         on: Object::Function("lock_drain_takeovers"),

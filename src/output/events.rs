@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
 use crate::model::ExpiredLease;
-use crate::output::logfmt::push_pair;
+use crate::output::logfmt::{push_int_pair, push_pair};
 
 /// Where signal lines go: stdout in the daemon, a shared buffer in tests.
 pub struct EventLog {
@@ -47,13 +47,9 @@ impl EventLog {
         for lease in leases {
             push_head(line, &ts, "lease_expired");
             push_pair(line, "lockKey", &lease.lock_key);
-            push_pair(line, "token", &lease.token.to_string());
-            push_pair(
-                line,
-                "expiredAtMillis",
-                &lease.expired_at_millis.to_string(),
-            );
-            push_pair(line, "overdueMillis", &lease.overdue_millis.to_string());
+            push_int_pair(line, "token", lease.token);
+            push_int_pair(line, "expiredAtMillis", lease.expired_at_millis);
+            push_int_pair(line, "overdueMillis", lease.overdue_millis);
             push_pair(line, "backend", backend);
             push_pair(line, "reapedBy", lease.reaped_by.as_str());
             push_pair(line, "ownerId", &lease.owner_id);

@@ -21,6 +21,17 @@ pub fn push_pair(line: &mut String, key: &str, value: &str) {
     push_value(line, value);
 }
 
+/// Appends ` key=<integer>` without allocating (a drain writes three
+/// integers per line, a million lines a backlog).
+pub fn push_int_pair(line: &mut String, key: &str, value: i64) {
+    if !(line.is_empty() || line.ends_with('\n')) {
+        line.push(' ');
+    }
+    line.push_str(key);
+    line.push('=');
+    let _ = write!(line, "{value}");
+}
+
 /// Appends one value, quoting and escaping it only when a decoder needs that.
 pub fn push_value(line: &mut String, value: &str) {
     if !needs_quotes(value) {
@@ -54,6 +65,12 @@ pub fn push_value(line: &mut String, value: &str) {
 /// go-logfmt quotes a value that is empty or holds a space, `=`, `"`, a
 /// control character or anything a bare value cannot carry; so do we.
 fn needs_quotes(value: &str) -> bool {
+    // Byte scan first: every character that needs quoting is ASCII except
+    // U+2028/U+2029, whose UTF-8 encoding starts with 0xE2.
+    let suspicious = |b: &u8| *b <= b' ' || matches!(*b, b'=' | b'"' | b'\\' | 0x7f | 0xe2);
+    if !value.is_empty() && !value.as_bytes().iter().any(suspicious) {
+        return false;
+    }
     value.is_empty()
         || value.chars().any(|c| {
             c <= ' '

@@ -7,6 +7,7 @@
 //! batch transaction.
 
 use sqlx::PgConnection;
+use sqlx::postgres::types::PgInterval;
 
 use crate::model::{ExpiredLease, ReapedBy};
 
@@ -38,8 +39,30 @@ pub const DRAIN_TAKEOVERS: &str = "
 SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error
   FROM lock_drain_takeovers($1)";
 
-/// Leases currently held, expired-but-unswept ones included.
-pub const COUNT_HELD: &str = "SELECT pg_catalog.count(*) FROM lock_entry";
+/// The backlog form of `REAP_EXPIRED`: deletes up to `$1` expired leases
+/// walking the heap from page `$2` in physical order (a TID range scan), for
+/// when most of the table has expired and the index order would visit pages
+/// at random (`lock_reap_expired_walk` in `migrations/`, which explains the
+/// page budget and the `next_page` it returns on every row). Each row carries
+/// its lateness as an interval and the statement's clock in microseconds, so
+/// the millisecond fields are computed here with integer arithmetic instead
+/// of `numeric` per row on the server.
+pub const REAP_EXPIRED_WALK: &str = "
+SELECT lock_key, owner_id, token, late, now_micros, next_page
+  FROM lock_reap_expired_walk($1, $2)";
+
+/// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
+/// `migrations/`): is any lease expired, is any takeover recorded, and the
+/// shared held count at most `$1` ms old (NULL when something is expired:
+/// the sweep reads it after deleting).
+pub const SWEEP_PROBE: &str = "SELECT expired, takeovers, held FROM lock_sweep_probe($1)";
+
+/// Leases currently held, expired-but-unswept ones included, from the count
+/// the fleet shares (`lock_held_count_get` in `migrations/`): one primary-key
+/// probe, and a `count(*)` only by the one caller that finds the shared count
+/// older than `$1` ms and wins its row. Returns the count and whether this
+/// call recounted.
+pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
 
 type LeaseRow = (
     String,
@@ -121,9 +144,70 @@ pub async fn drain_takeovers(
     Ok(split(rows, ReapedBy::Takeover))
 }
 
-pub async fn count_held(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(COUNT_HELD)
+type WalkRow = (
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<PgInterval>,
+    i64,
+    i64,
+);
+
+/// One walk batch: the reaped leases and the page the next batch starts at
+/// (-1 once the walk has reached the end of the table).
+pub async fn reap_expired_walk(
+    conn: &mut PgConnection,
+    limit: i32,
+    from_page: i64,
+) -> Result<(Vec<ExpiredLease>, i64), sqlx::Error> {
+    let rows: Vec<WalkRow> = sqlx::query_as(REAP_EXPIRED_WALK)
         .persistent(false)
+        .bind(limit)
+        .bind(from_page)
+        .fetch_all(conn)
+        .await?;
+    let next_page = rows.first().map_or(-1, |r| r.5);
+    let leases = rows
+        .into_iter()
+        .filter_map(|(lock_key, owner_id, token, late, now_micros, _)| {
+            // The one all-NULL row of a batch that deleted nothing.
+            let (lock_key, owner_id, token, late) = (lock_key?, owner_id?, token?, late?);
+            // `now() - expires_at` of timestamps has no months; days are 24 h.
+            let late_micros = i64::from(late.days) * 86_400_000_000 + late.microseconds;
+            Some(ExpiredLease {
+                lock_key,
+                owner_id,
+                token,
+                // Floored, as floor(EXTRACT(epoch ...) * 1000) is.
+                expired_at_millis: (now_micros - late_micros).div_euclid(1000),
+                overdue_millis: late_micros.div_euclid(1000),
+                reaped_by: ReapedBy::Sweep,
+            })
+        })
+        .collect();
+    Ok((leases, next_page))
+}
+
+pub async fn sweep_probe(
+    conn: &mut PgConnection,
+    max_age_millis: i64,
+) -> Result<(bool, bool, Option<i64>), sqlx::Error> {
+    sqlx::query_as(SWEEP_PROBE)
+        .persistent(false)
+        .bind(max_age_millis)
+        .fetch_one(conn)
+        .await
+}
+
+/// The shared held-lease count, at most `max_age_millis` old (plus one
+/// count's duration), and whether this call was the one that recounted.
+pub async fn held_count(
+    conn: &mut PgConnection,
+    max_age_millis: i64,
+) -> Result<(i64, bool), sqlx::Error> {
+    sqlx::query_as(HELD_COUNT)
+        .persistent(false)
+        .bind(max_age_millis)
         .fetch_one(conn)
         .await
 }

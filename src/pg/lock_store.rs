@@ -4,10 +4,16 @@
 //! never lost" is made: delete with RETURNING, report the rows (the caller
 //! writes and flushes their lines), and only then commit. A failed report or
 //! a dropped connection rolls the batch back, so the rows stay for the next
-//! sweep. The statements themselves are in `lock_entry`; when to sweep and
-//! what to log are the lock sweeper's (`sweep::lock_sweeper`), except one
-//! ERROR line per lease the database set aside (`lease_set_aside`), which
-//! only this layer sees: it never reaches the sweeper as a reaped lease.
+//! sweep. It also owns how a sweep finds its rows cheaply: one probe
+//! statement for an idle sweep, the expiry index for a few expired leases, a
+//! walk of the heap in page order for a backlog, and the held-lease count
+//! the whole fleet shares. The statements themselves are in `lock_entry`;
+//! when to sweep and what to log are the lock sweeper's
+//! (`sweep::lock_sweeper`), except one ERROR line per lease the database set
+//! aside (`lease_set_aside`), which only this layer sees: it never reaches
+//! the sweeper as a reaped lease.
+
+use std::time::Duration;
 
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;
@@ -17,79 +23,212 @@ use crate::store::{LockStore, StoreError, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
+/// How old the shared held-lease count may be before a caller recounts it:
+/// the `lock.held.current` gauge is at most this (plus one count) stale. Ten
+/// seconds is the flush interval of Etsy statsd and the Datadog agent, so a
+/// fresher count would never be seen; the recount is a full scan, done once
+/// per interval by one daemon of the whole fleet (docs/performance.md).
+pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_secs(10);
+
 pub struct PgLockStore {
     db: Db,
-    /// Where the next expired-lease batch resumes (epoch milliseconds): the
-    /// newest deadline of the previous batch while a sweep is draining full
-    /// batches, None (from the oldest, pre-1970 and -infinity included) at
-    /// the start of each sweep.
-    resume_after_millis: Option<i64>,
+    /// Where the next expired-lease batch starts.
+    next: Next,
+    /// The walk ran out of its page budget during this sweep (expired rows
+    /// are sparse): the rest of the sweep uses the index.
+    sparse: bool,
+    /// What this sweep's probe found, until the sweep has used it.
+    probe: Option<Probe>,
 }
 
-/// Which of the two deleting statements a batch runs.
+/// The answer of `lock_sweep_probe`, asked before the first batch of a
+/// sweep, so an idle sweep costs one statement instead of two transactions
+/// and a count.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    takeovers: bool,
+    held: Option<i64>,
+    /// Nothing was deleted since the probe, so its held count still stands.
+    unchanged: bool,
+}
+
+/// Where the next expired-lease batch starts. The first batch of every sweep
+/// is `Oldest` (by the index, with no lower bound: pre-1970 deadlines
+/// included); a full batch means a backlog, drained by walking the heap
+/// (`Walk`) or, where expired rows are sparse, by resuming the index scan at
+/// the newest deadline reaped (`After`). Any short batch or error goes back to
+/// `Oldest`, so a lease passed over (locked by another replica, expired behind
+/// the walk, or set aside) is reaped by the next sweep at the latest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Oldest,
+    After(i64),
+    Walk(i64),
+}
+
+/// Which of the deleting statements a batch runs.
 #[derive(Clone, Copy)]
 enum Reap {
-    Expired,
+    /// By the expiry index, after this deadline (epoch ms; `None`: all).
+    Index {
+        after_millis: Option<i64>,
+    },
+    /// By the heap, from this page.
+    Walk {
+        from_page: i64,
+    },
     Takeovers,
+}
+
+/// What a committed batch did.
+struct Done {
+    /// Leases reaped and reported (set-aside ones are not counted, so a
+    /// batch with one is short and ends the drain: no loop over a row that
+    /// keeps failing).
+    n: usize,
+    /// The newest deadline reaped (index batches).
+    newest_millis: Option<i64>,
+    /// Where a walk goes next (walk batches; -1 at the end of the table).
+    next_page: Option<i64>,
 }
 
 impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target, Work::LockLeases),
-            resume_after_millis: None,
+            next: Next::Oldest,
+            sparse: false,
+            probe: None,
         }
     }
 
     async fn batch(
         &mut self,
         kind: Reap,
-        limit: usize,
+        limit: i32,
+        report: Report<'_>,
+    ) -> Result<Done, StoreError> {
+        let conn = self.db.conn().await?;
+        batch_in_tx(conn, kind, limit, report)
+            .await
+            .map_err(|failure| self.db.batch_failed(failure))
+    }
+
+    /// One batch by the expiry index, after `after_millis` (`None`: all).
+    async fn index_batch(
+        &mut self,
+        after_millis: Option<i64>,
+        limit: i32,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        let conn = self.db.conn().await?;
-        let after = self.resume_after_millis;
-        // Until this batch comes back full, the next one starts from the oldest.
-        self.resume_after_millis = None;
-        match batch_in_tx(conn, kind, limit, after, report).await {
-            Ok((n, newest)) => {
-                // A batch with a row set aside is short (n counts reaped
-                // rows only), so the sweep stops and the next one retries
-                // the row once: no loop over a row that keeps failing.
-                if matches!(kind, Reap::Expired) && i32::try_from(n).is_ok_and(|n| n >= limit) {
-                    self.resume_after_millis = newest;
-                }
-                Ok(n)
+        let done = self
+            .batch(Reap::Index { after_millis }, limit, report)
+            .await?;
+        self.next = if done.n < limit as usize {
+            self.sparse = false;
+            Next::Oldest
+        } else if after_millis.is_none() && !self.sparse {
+            Next::Walk(0)
+        } else {
+            match done.newest_millis {
+                Some(newest) => Next::After(newest),
+                None => Next::Oldest,
             }
-            Err(failure) => Err(self.db.batch_failed(failure)),
+        };
+        Ok(done.n)
+    }
+
+    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<usize, StoreError> {
+        match self.next {
+            Next::Oldest => self.index_batch(None, limit, report).await,
+            Next::After(after) => self.index_batch(Some(after), limit, report).await,
+            Next::Walk(from_page) => {
+                let done = match self.batch(Reap::Walk { from_page }, limit, report).await {
+                    Ok(done) => done,
+                    // A walk batch that failed rolled back whole (a row that
+                    // cannot be deleted, say). The index reap sets such a row
+                    // aside instead of failing, so it takes over this sweep;
+                    // if the database is gone, it fails too, as it should.
+                    Err(StoreError::Query { .. }) => {
+                        self.sparse = true;
+                        self.next = Next::Oldest;
+                        return self.index_batch(None, limit, report).await;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let next_page = done.next_page.unwrap_or(-1);
+                if done.n >= limit as usize && next_page >= 0 {
+                    self.next = Next::Walk(next_page);
+                    return Ok(done.n);
+                }
+                self.next = Next::Oldest;
+                if next_page < 0 {
+                    // The whole table was walked: this sweep's drain is done.
+                    self.sparse = false;
+                    return Ok(done.n);
+                }
+                // The page budget ran out first: too few expired rows per
+                // page for the walk to pay; the index takes over at once.
+                self.sparse = true;
+                let more = self.index_batch(None, limit, report).await?;
+                Ok(done.n + more)
+            }
+        }
+    }
+
+    /// Asks whether anything expired or was taken over, and the shared count.
+    async fn probe(&mut self) -> Result<Probe, StoreError> {
+        let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
+        let conn = self.db.conn().await?;
+        match conn::in_tx(conn, async |c| locks::sweep_probe(c, max_age).await).await {
+            Ok((expired, takeovers, held)) => Ok(Probe {
+                takeovers,
+                held,
+                unchanged: !expired,
+            }),
+            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
         }
     }
 }
 
-/// Delete (or drain), report, commit; returns how many and the newest
-/// deadline among them.
+/// Delete (or drain), report, commit.
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
     limit: i32,
-    after_millis: Option<i64>,
     report: Report<'_>,
-) -> Result<(usize, Option<i64>), BatchFailure> {
+) -> Result<Done, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
-    let batch = match kind {
-        Reap::Expired => locks::reap_expired(&mut tx, limit, after_millis)
-            .await
-            .map_err(|e| BatchFailure::Query("lock_reap_expired", e))?,
-        Reap::Takeovers => locks::drain_takeovers(&mut tx, limit)
-            .await
-            .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?,
+    let mut next_page = None;
+    let leases = match kind {
+        Reap::Index { after_millis } => {
+            let batch = locks::reap_expired(&mut tx, limit, after_millis)
+                .await
+                .map_err(|e| BatchFailure::Query("lock_reap_expired", e))?;
+            log_set_aside(&batch.set_aside);
+            batch.reaped
+        }
+        Reap::Walk { from_page } => {
+            let (leases, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
+                .await
+                .map_err(|e| BatchFailure::Query("lock_reap_expired_walk", e))?;
+            next_page = Some(next);
+            leases
+        }
+        Reap::Takeovers => {
+            let batch = locks::drain_takeovers(&mut tx, limit)
+                .await
+                .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?;
+            log_set_aside(&batch.set_aside);
+            batch.reaped
+        }
     };
-    log_set_aside(&batch.set_aside);
-    let leases = batch.reaped;
     conn::report_then_commit(tx, &leases, report).await?;
-    let newest = leases.iter().map(|l| l.expired_at_millis).max();
-    Ok((leases.len(), newest))
+    Ok(Done {
+        n: leases.len(),
+        newest_millis: leases.iter().map(|l| l.expired_at_millis).max(),
+        next_page,
+    })
 }
 
 /// One ERROR line per lease the database set aside (issue 11): it was not
@@ -117,7 +256,25 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Reap::Expired, limit, report).await
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        if self.next == Next::Oldest {
+            // The first batch of a sweep: ask first whether there is anything.
+            let probe = self.probe().await?;
+            self.probe = Some(probe);
+            if probe.unchanged {
+                return Ok(0);
+            }
+        }
+        let result = self.reap(limit, report).await;
+        if let Some(p) = self.probe.as_mut() {
+            p.unchanged = false;
+        }
+        if result.is_err() {
+            // After an error the next batch starts from the oldest again.
+            self.next = Next::Oldest;
+            self.sparse = false;
+        }
+        result
     }
 
     async fn drain_takeovers(
@@ -125,14 +282,31 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        self.batch(Reap::Takeovers, limit, report).await
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        if let Some(p) = self.probe.as_mut() {
+            if !p.takeovers {
+                return Ok(0);
+            }
+            p.unchanged = false;
+        }
+        Ok(self.batch(Reap::Takeovers, limit, report).await?.n)
     }
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {
+        // The sweep ends here: its probe, if nothing changed since, answers.
+        if let Some(Probe {
+            unchanged: true,
+            held: Some(held),
+            ..
+        }) = self.probe.take()
+        {
+            return Ok(held);
+        }
+        let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
         let conn = self.db.conn().await?;
-        match conn::in_tx(conn, async |c| locks::count_held(c).await).await {
-            Ok(n) => Ok(n),
-            Err(e) => Err(self.db.query_failed("count(*) FROM lock_entry", e)),
+        match conn::in_tx(conn, async |c| locks::held_count(c, max_age).await).await {
+            Ok((n, _recounted)) => Ok(n),
+            Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
         }
     }
 }

@@ -8,8 +8,6 @@
 //! logging to `sweep::run`. It knows no SQL and no backend: it talks to a
 //! `LockStore`.
 
-use std::time::{Duration, Instant};
-
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -25,14 +23,6 @@ use crate::sweep::{Drain, SWEEP_DELAY, Service};
 /// drains 1,000,000 leases as fast as 20,000 or 50,000 do (within the noise
 /// of a 2-core machine) at 7.6 MiB peak RSS instead of 15 or 28 MiB.
 pub const BATCH_SIZE: usize = 5_000;
-
-/// How often the `lock.held.current` gauge is recounted. The count is a
-/// full scan of `lock_entry` (12 ms of database time at 100,000 leases,
-/// ~100 ms at 1,000,000; docs/performance.md), and StatsD pipelines flush
-/// gauges every 10 s, so a fresher count is never seen. Between recounts the
-/// gauge is the last count less what this replica deleted since, re-sent
-/// after every sweep, so it never goes silent.
-pub const HELD_COUNT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -54,8 +44,6 @@ pub struct LockSweeper<S: LockStore> {
     store: S,
     events: EventLog,
     metrics: Metrics,
-    /// The last held-lease count and when it was taken.
-    held: Option<(i64, Instant)>,
 }
 
 impl<S: LockStore> LockSweeper<S> {
@@ -64,7 +52,6 @@ impl<S: LockStore> LockSweeper<S> {
             store,
             events,
             metrics,
-            held: None,
         }
     }
 
@@ -105,19 +92,10 @@ impl<S: LockStore> LockSweeper<S> {
                 return Ok(outcome);
             }
         }
-        let held = match self.held {
-            // Between recounts, what this replica deleted is known exactly.
-            Some((held, at)) if at.elapsed() < HELD_COUNT_INTERVAL => {
-                let held = (held - outcome.swept as i64).max(0);
-                self.held = Some((held, at));
-                held
-            }
-            _ => {
-                let held = self.store.held_count().await?;
-                self.held = Some((held, Instant::now()));
-                held
-            }
-        };
+        // The store's count is shared by the fleet and at most its documented
+        // age (PgLockStore: 10 s): one cheap read per sweep, one recount per
+        // interval for all replicas together.
+        let held = self.store.held_count().await?;
         self.metrics.held_current(backend, held.max(0) as u64);
         outcome.held = Some(held);
         Ok(outcome)
@@ -147,6 +125,8 @@ impl<S: LockStore> Service for LockSweeper<S> {
 mod tests {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
+
+    use std::time::{Duration, Instant};
 
     use super::*;
     use crate::config::StatsdTarget;

@@ -239,8 +239,10 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     assert_eq!(sequences, 0, "no sequence: it never mints a fencing token");
 
     // The only functions running with their owner's rights that it may call:
-    // the two that delete nothing but expired leases and recorded takeovers,
-    // and the job reaper's apply.
+    // the three that delete nothing but expired leases (index order, backlog
+    // walk) and recorded takeovers, the shared held count and the idle-sweep
+    // probe, and the job
+    // reaper's apply.
     let definers: Vec<String> = sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
           WHERE n.nspname = current_schema() AND p.prosecdef
@@ -255,7 +257,10 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
         vec![
             "fn_job_reap_stale_leases_apply",
             "lock_drain_takeovers",
-            "lock_reap_expired"
+            "lock_held_count_get",
+            "lock_reap_expired",
+            "lock_reap_expired_walk",
+            "lock_sweep_probe"
         ]
     );
 
