@@ -227,6 +227,11 @@ $$;
 REVOKE ALL ON FUNCTION lock_sweep_probe(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_sweep_probe(bigint) TO lease_sweeper;
 
+-- The held count now comes from lock_held_count_get and lock_sweep_probe
+-- (definers): the sweeper role no longer reads lock_entry itself, so it loses
+-- the SELECT that 20261129000300 granted for its count(*).
+REVOKE SELECT ON lock_entry FROM lease_sweeper;
+
 -- Follow the installing schema, as migrations/20261130000120_privilege_holes.sql
 -- asks of every later migration that creates a pinned definer (idempotent).
 DO $$

@@ -176,7 +176,6 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .collect();
     let expected: BTreeSet<(String, String)> = [
         ("_sqlx_migrations", "SELECT"),
-        ("lock_entry", "SELECT"),
         ("queue_setting", "SELECT"),
     ]
     .iter()
@@ -420,7 +419,7 @@ INSERT INTO evil.queue_setting VALUES ('queue.job_substrate.enabled', 'true'),
 CREATE TABLE evil.job_queue (job_id uuid, job_kind text, payload jsonb, state text, attempts integer, max_attempts integer,
     scheduled_at timestamptz, lease_owner text, lease_until timestamptz, last_error text, metadata jsonb,
     created_at timestamptz, updated_at timestamptz);
-CREATE TABLE evil.lock_entry (LIKE public.lock_entry);
+CREATE TABLE evil.lock_entry (lock_key text PRIMARY KEY, session_id uuid, owner_id text, token bigint, acquired_at timestamptz, expires_at timestamptz);
 INSERT INTO evil.lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
     VALUES ('planted', 'evil', 1, now(), now() - interval '1 h');
 CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE plpgsql AS $$
@@ -438,7 +437,7 @@ INSERT INTO pg_temp.queue_setting VALUES ('queue.job_substrate.enabled', 'true')
 CREATE TEMP TABLE job_queue (job_id uuid, job_kind text, payload jsonb, state text, attempts integer, max_attempts integer,
     scheduled_at timestamptz, lease_owner text, lease_until timestamptz, last_error text, metadata jsonb,
     created_at timestamptz, updated_at timestamptz);
-CREATE TEMP TABLE lock_entry (LIKE public.lock_entry);
+CREATE TEMP TABLE lock_entry (lock_key text PRIMARY KEY, session_id uuid, owner_id text, token bigint, acquired_at timestamptz, expires_at timestamptz);
 CREATE TEMP TABLE lock_expiry_outbox (outbox_id bigint, lock_key text, owner_id text, token bigint,
     expires_at timestamptz, taken_over_at timestamptz, new_token bigint);
 INSERT INTO pg_temp.lock_expiry_outbox VALUES (1, 'planted', 'evil', 1, now(), now(), 2);
