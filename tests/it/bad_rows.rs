@@ -12,8 +12,8 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs, migrate_to,
-    run_binary, wait_until,
+    Daemon, StatsdCapture, TestDb, count, events, exec, insert_expired, insert_stale_jobs,
+    migrate_to, open_gates, run_binary, wait_until,
 };
 
 /// The last migration before issue 11's.
@@ -24,13 +24,6 @@ type AuditRow = (String, Option<String>, Option<String>, String, String);
 
 const I64_MIN: &str = "-9223372036854775808";
 const I64_MAX: &str = "9223372036854775807";
-
-async fn exec(conn: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 /// Runs `sql`, which must fail with `code`; returns the error text.
 async fn refused_with(conn: &mut PgConnection, sql: &str, code: &str) -> String {
@@ -344,16 +337,6 @@ async fn migrating_a_database_holding_infinite_lease_deadlines_fails_naming_the_
     })
     .await;
     assert_eq!(events(&lines, "lease_expired").len(), 10);
-}
-
-async fn open_gates(conn: &mut PgConnection) {
-    exec(
-        conn,
-        "SELECT fn_queue_setting_set('queue.job_substrate.enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_dry_run_only', 'false', 'test');",
-    )
-    .await;
 }
 
 #[tokio::test]

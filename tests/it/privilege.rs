@@ -10,7 +10,7 @@ use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
     Daemon, LoginRole, StatsdCapture, TestDb, apply_stale_leases, count, daemon_env, events,
-    insert_expired, insert_stale_jobs, open_gates,
+    insert_expired, insert_stale_jobs, open_gates, own_cluster, run_binary,
 };
 
 /// How docs/least-privilege.md tells an operator to create the daemon's
@@ -602,26 +602,21 @@ async fn migrate_as(
 ) -> (Option<i32>, String) {
     let mut url = url::Url::parse(&pg.url(database)).unwrap();
     url.set_username(user).unwrap();
-    let mut d = Daemon::spawn_args(&["migrate"], &[("LOCKDB_URL", url.as_str())]);
-    let (code, _) = d.wait_exit(Duration::from_secs(60)).await;
-    (code, d.lines().join("\n"))
+    run_binary(&["migrate"], url.as_str()).await
 }
 
 #[tokio::test]
 async fn the_role_migration_names_createrole_when_missing_and_survives_many_databases_migrating_at_once()
  {
     // A cluster of its own, so `lease_sweeper` does not exist yet.
-    let pg = tokio::task::spawn_blocking(lease_sweeper::throwaway::ThrowawayPg::start)
-        .await
-        .unwrap()
-        .expect("a throwaway PostgreSQL");
-    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
-    for sql in [
-        "CREATE ROLE locks_owner LOGIN CREATEDB",
-        "CREATE DATABASE owned OWNER locks_owner",
-    ] {
-        sqlx::raw_sql(sql).execute(&mut admin).await.unwrap();
-    }
+    let (pg, mut admin) = own_cluster(
+        &[],
+        &[
+            "CREATE ROLE locks_owner LOGIN CREATEDB",
+            "CREATE DATABASE owned OWNER locks_owner",
+        ],
+    )
+    .await;
 
     let (code, out) = migrate_as(&pg, "locks_owner", "owned").await;
     assert_eq!(code, Some(1), "{out}");

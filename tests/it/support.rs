@@ -244,6 +244,68 @@ pub async fn insert_stale_jobs(
     .expect("inserting stale jobs")
 }
 
+/// Acquires `n` leases `{prefix}{i}` through the lock server's function
+/// (owner `holder`), each of which must have been free; returns key → token.
+pub async fn acquire(
+    conn: &mut PgConnection,
+    prefix: &str,
+    n: usize,
+    ttl_ms: i64,
+) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
+            .bind(&key)
+            .bind(ttl_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        out.insert(key, token.expect("the key was free"));
+    }
+    out
+}
+
+/// Runs `sql` (one or more statements, no parameters), failing the test
+/// with the statement and the error.
+pub async fn exec(conn: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Runs blocking cluster control (start, stop) off the runtime thread, so
+/// the daemons' output keeps being read meanwhile.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+/// A throwaway cluster of the test's own (for what the shared one cannot
+/// show: roles that must not exist yet, its own pg_hba.conf, ...), started
+/// with these extra settings, and a superuser connection to `postgres` on
+/// which `setup` has run, statement by statement.
+pub async fn own_cluster(settings: &[(&str, &str)], setup: &[&str]) -> (ThrowawayPg, PgConnection) {
+    let owned: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let pg = blocking(move || {
+        let settings: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        ThrowawayPg::start_with(&settings)
+    })
+    .await
+    .expect("a throwaway PostgreSQL");
+    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
+    for sql in setup {
+        exec(&mut admin, sql).await;
+    }
+    (pg, admin)
+}
+
 pub async fn count(conn: &mut PgConnection, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(conn)
@@ -580,7 +642,8 @@ pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh directory under the system temp dir, removed on drop.
+/// A fresh directory under the system temp dir, removed on drop (even when
+/// the test fails).
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -593,6 +656,27 @@ impl TempDir {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating a temp dir");
         Self(dir)
+    }
+
+    /// The same, mode 0755 whatever the umask, and owned by `owner`
+    /// (uid, gid) when given: for files another user (`postgres`, PgBouncer
+    /// run unprivileged) must read.
+    pub fn shared(what: &str, owner: Option<(u32, u32)>) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = Self::new(what);
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid)).unwrap();
+        }
+        dir
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
     }
 }
 
