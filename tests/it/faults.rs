@@ -18,8 +18,8 @@ use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, NotifySocket, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
-    open_gates, wait_until,
+    Daemon, NotifySocket, StatsdCapture, TestDb, acquire, blocking, count, daemon_env, events,
+    insert_expired, open_gates, wait_until,
 };
 
 /// `(lockKey, token)` of every `lease_expired` line, in output order.
@@ -332,12 +332,6 @@ async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unrepor
     );
 }
 
-/// Runs blocking cluster control (start, stop) off the runtime thread, so the
-/// daemons' output keeps being read meanwhile.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("blocking task")
-}
-
 /// A cluster of this test's own, migrated, that it may stop and restart.
 ///
 /// Commits are durable here (`synchronous_commit=on`, unlike the shared
@@ -354,28 +348,6 @@ async fn own_cluster() -> (ThrowawayPg, String) {
         .unwrap();
     conn.close().await.unwrap();
     (pg, url)
-}
-
-/// Acquires `n` leases `{prefix}{i}` through the lock server's function;
-/// returns key → token.
-async fn acquire(
-    conn: &mut PgConnection,
-    prefix: &str,
-    n: usize,
-    ttl_ms: i64,
-) -> HashMap<String, i64> {
-    let mut out = HashMap::new();
-    for i in 0..n {
-        let key = format!("{prefix}{i}");
-        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
-            .bind(&key)
-            .bind(ttl_ms)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        out.insert(key, token.expect("the key was free"));
-    }
-    out
 }
 
 /// Every diagnostic line at ERROR, as (event, error text).

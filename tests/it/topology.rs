@@ -17,8 +17,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, fields, insert_expired, insert_stale_jobs,
-    wait_until,
+    Daemon, StatsdCapture, TestDb, acquire, blocking, count, events, fields, insert_expired,
+    insert_stale_jobs, wait_until,
 };
 use crate::topology_support::{Bouncer, Certs, free_port, sbin, unprivileged};
 
@@ -59,12 +59,6 @@ fn server_of(url: &str) -> (String, u16, String) {
         .or_else(|| u.host_str().map(str::to_owned))
         .unwrap();
     (host, u.port().unwrap_or(5432), u.username().to_owned())
-}
-
-/// Runs blocking cluster control off the runtime thread, so the daemons'
-/// output keeps being read meanwhile.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
 /// A client that does what many applications do behind PgBouncer: sqlx's
@@ -402,23 +396,6 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     }
     assert_each_once(&all_keys(&daemons), 20, "session-");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-}
-
-/// Leases acquired through the lock server's function, key → token.
-async fn acquire(conn: &mut PgConnection, prefix: &str, n: usize, ttl_ms: i64) -> Vec<String> {
-    let mut keys = Vec::new();
-    for i in 0..n {
-        let key = format!("{prefix}{i}");
-        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
-            .bind(&key)
-            .bind(ttl_ms)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        assert!(token.is_some());
-        keys.push(key);
-    }
-    keys
 }
 
 async fn wait_count(conn: &mut PgConnection, sql: &'static str, want: i64, what: &str) {
