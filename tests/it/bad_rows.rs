@@ -58,9 +58,7 @@ async fn daemon_with_statsd_until(
         done(&daemon.lines(), &statsd)
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     (lines, statsd)
 }

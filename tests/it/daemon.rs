@@ -116,10 +116,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
         events(&daemon.lines(), "lease_expired").len() == 4
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let failed = events(&lines, "sweep_failed");
     assert_eq!(
         failed.len(),
@@ -169,10 +166,7 @@ async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_passwor
     // At least one more failing sweep after the one logged.
     notify.wait_watchdogs(2).await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "still running");
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let all = lines.join("\n");
     assert!(!all.contains("Sup3r-S3cret"), "{all}");
     let failed = events(&lines, "sweep_failed");

@@ -240,8 +240,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     )
     .await;
     let drained = started.elapsed();
-    b.signal(libc::SIGTERM);
-    let (code, _) = b.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = b.stop().await;
     assert_eq!(code, Some(0));
     let b_reports = reported(&b.lines(), false);
     let b_keys = check_reports("the fresh replica", &b_reports, &inserted);
@@ -458,8 +457,7 @@ async fn restart_and_recover(
     daemon
         .wait_for_event("sweep_recovered", Duration::from_secs(5))
         .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 
     let lines = daemon.lines();
@@ -877,8 +875,7 @@ async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) 
         || async { statsd.gauge("lock.held.current", "#backend:pg") == Some(10) },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
     let since_insert = inserted_at.elapsed().as_millis() as i64;
 
     let lines = daemon.lines();
@@ -977,8 +974,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
         lease_lines(&b) >= left.len()
     })
     .await;
-    b.signal(libc::SIGTERM);
-    assert_eq!(b.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(b.stop().await.0, Some(0));
     let b_keys = check_reports("the next sweeper", &reported(&b.lines(), false), &inserted);
     let duplicates: HashSet<&String> = a_keys.intersection(&b_keys).collect();
     assert_eq!(duplicates, window, "only the abandoned batch is repeated");
@@ -1032,8 +1028,7 @@ async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_ru
     .await;
     let counted = statsd.counter("lock.lease.expired", "#backend:pg");
     release_held_commit(&mut conn).await;
-    daemon.signal(libc::SIGTERM);
-    let _ = daemon.wait_exit(Duration::from_secs(10)).await;
+    let _ = daemon.stop().await;
     eprintln!(
         "FIGURES statsd_mid_drain: committed={committed} counted_within_{}ms={counted}",
         waited.elapsed().as_millis()
@@ -1078,8 +1073,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
         events(l, "job_lease_expired").len() == 2
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
     let lines = daemon.lines();
     let reaped: Vec<(String, String, String)> = events(&lines, "job_lease_expired")
         .iter()
@@ -1138,8 +1132,7 @@ async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_f
     })
     .await;
     let drained = started.elapsed();
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 
     let lines = daemon.lines();
     let keys = check_reports("the sweeper", &reported(&lines, false), &before);

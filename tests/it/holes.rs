@@ -136,8 +136,7 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrat
         },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", daemon.lines().join("\n"));
 
     let ran = hits(&mut admin).await;

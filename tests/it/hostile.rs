@@ -135,8 +135,7 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
             && events(&lines, "job_lease_expired").len() >= jobs.len()
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 
     let lines = daemon.lines();
@@ -312,8 +311,7 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
         );
     }
     for (name, mut d) in daemons {
-        d.signal(libc::SIGTERM);
-        let (code, _) = d.wait_exit(Duration::from_secs(10)).await;
+        let (code, _) = d.stop().await;
         assert_eq!(code, Some(0), "{name}");
         assert_no_secret(
             &format!("run with a wrong password in {name}"),
@@ -363,8 +361,7 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
         events(&d.lines(), "lease_expired").len() == 1
     })
     .await;
-    d.signal(libc::SIGTERM);
-    assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(d.stop().await.0, Some(0));
     let lines = d.lines();
     assert!(
         events(&lines, "starting")[0]["database"]

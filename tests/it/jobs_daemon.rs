@@ -184,10 +184,7 @@ async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_
     )
     .await;
     wait_job_passes(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let gated = events(&lines, "job_reaper_gated");
     let reasons: Vec<&str> = gated.iter().map(|g| g["reason"].as_str()).collect();
     assert_eq!(
@@ -230,10 +227,7 @@ async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_ac
     .await;
     // A few more sweeps: nothing is reported twice.
     wait_job_passes(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let expired = events(&lines, "job_lease_expired");
     assert_eq!(expired.len(), 30, "{lines:#?}");
     let ids: HashSet<&str> = expired.iter().map(|e| e["jobId"].as_str()).collect();

@@ -85,10 +85,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
         },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     let errors: Vec<&String> = lines.iter().filter(|l| l.contains("level=error")).collect();
     assert!(errors.is_empty(), "no permission is missing: {errors:#?}");

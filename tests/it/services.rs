@@ -59,8 +59,7 @@ async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_r
     )
     .await;
 
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
     let lines = daemon.lines();
     let expired = events(&lines, "lease_expired");

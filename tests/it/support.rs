@@ -515,6 +515,14 @@ impl Daemon {
         .await;
     }
 
+    /// Stops it as systemd or Docker would (SIGTERM), waits up to 10 s for
+    /// its exit and returns the exit code and every line it wrote.
+    pub async fn stop(&mut self) -> (Option<i32>, Vec<String>) {
+        self.signal(libc::SIGTERM);
+        let (code, _) = self.wait_exit(Duration::from_secs(10)).await;
+        (code, self.lines())
+    }
+
     /// Waits for exit; returns the code and how long it took.
     pub async fn wait_exit(&mut self, timeout: Duration) -> (Option<i32>, Duration) {
         let start = Instant::now();

@@ -210,9 +210,7 @@ async fn a_missing_notify_socket_is_reported_once_and_the_daemon_keeps_sweeping(
         events(&daemon.lines(), "lease_expired").len() == 2
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     let failed = events(&lines, "systemd_notify_failed");
     assert_eq!(failed.len(), 1, "reported once: {}", lines.join("\n"));
@@ -253,6 +251,5 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
         notify.arrivals("WATCHDOG=1").len() > wedged_at
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 }

@@ -269,8 +269,7 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
             d.child.try_wait().unwrap().is_none(),
             "every daemon is alive"
         );
-        d.signal(libc::SIGTERM);
-        let (code, _) = d.wait_exit(Duration::from_secs(10)).await;
+        let (code, _) = d.stop().await;
         assert_eq!(code, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
@@ -387,8 +386,7 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     })
     .await;
     for d in &mut daemons {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
     for bad in ["sweep_failed", "job_reap_failed"] {
@@ -481,8 +479,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     )
     .await;
     for d in [&mut alone, &mut alone_any] {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     for (d, extra) in [(&alone, ""), (&alone_any, "SQLSTATE 25006")] {
         let lines = d.lines();
@@ -567,8 +564,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     .await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "no restart");
     assert_eq!(daemon.pid(), pid);
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 
     let lines = daemon.lines();
     let keys = lease_keys(&lines);
@@ -729,8 +725,7 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for d in &mut daemons {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     assert_eq!(events(&daemons[3].lines(), "sweep_failed"), vec![]);
     assert_eq!(events(&daemons[0].lines(), "sweep_failed"), vec![]);
