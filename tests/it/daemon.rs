@@ -97,10 +97,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     let port = statsd.port.to_string();
     // A failing pass sends no gauge; the watchdog ping counts it.
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut env = daemon_env(&db.url, &port);
-    env.push(("NOTIFY_SOCKET", &socket));
-    let mut daemon = Daemon::spawn(&env);
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&db.url, &port));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;

@@ -409,13 +409,6 @@ async fn wait_output(
 /// the watchdog pings, since a failing pass sends no gauge).
 const OUTAGE_PASSES: usize = 3;
 
-/// The daemon's environment with `notify` as its systemd socket.
-fn env_with_notify<'a>(url: &'a str, port: &'a str, notify: &'a str) -> Vec<(&'a str, &'a str)> {
-    let mut env = daemon_env(url, port);
-    env.push(("NOTIFY_SOCKET", notify));
-    env
-}
-
 /// What recovering from an outage looked like.
 struct Recovery {
     pg: ThrowawayPg,
@@ -495,8 +488,7 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&url, &port));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
@@ -534,8 +526,7 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&url, &port));
     let mut conn = PgConnection::connect(&url).await.unwrap();
     insert_expired(&mut conn, "before-", 5, 10).await;
     wait_until(Duration::from_secs(10), "the first sweep", || async {

@@ -737,6 +737,14 @@ impl NotifySocket {
         }
     }
 
+    /// `daemon_env` plus `NOTIFY_SOCKET` pointing here: the environment
+    /// systemd gives a `Type=notify` unit.
+    pub fn daemon_env<'a>(&'a self, url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut env = daemon_env(url, statsd_port);
+        env.push(("NOTIFY_SOCKET", self.path.to_str().unwrap()));
+        env
+    }
+
     /// Reads every datagram already sent (for example by a daemon that has
     /// exited) and stops listening: after this, `messages` is final.
     pub async fn finish(&mut self) {

@@ -136,13 +136,9 @@ async fn the_daemon_speaks_systemds_notify_protocol() {
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let mut notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", &db.url),
-        ("STATSD_PORT", &port),
-        ("NOTIFY_SOCKET", &socket),
-        ("WATCHDOG_USEC", "10000000"),
-    ]);
+    let mut env = notify.daemon_env(&db.url, &port);
+    env.push(("WATCHDOG_USEC", "10000000"));
+    let mut daemon = Daemon::spawn(&env);
 
     wait_until(Duration::from_secs(10), "READY=1", || async {
         !notify.arrivals("READY=1").is_empty()
@@ -223,13 +219,9 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", &db.url),
-        ("STATSD_PORT", &port),
-        ("NOTIFY_SOCKET", &socket),
-        ("WATCHDOG_USEC", "10000000"),
-    ]);
+    let mut env = notify.daemon_env(&db.url, &port);
+    env.push(("WATCHDOG_USEC", "10000000"));
+    let mut daemon = Daemon::spawn(&env);
     wait_until(Duration::from_secs(10), "two WATCHDOG=1", || async {
         notify.arrivals("WATCHDOG=1").len() >= 2
     })

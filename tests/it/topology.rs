@@ -17,8 +17,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, acquire, blocking, count, events, fields, insert_expired,
-    insert_stale_jobs, wait_until,
+    Daemon, StatsdCapture, TestDb, acquire, blocking, count, daemon_env, events, fields,
+    insert_expired, insert_stale_jobs, wait_until,
 };
 use crate::topology_support::{Bouncer, Certs, free_port, sbin, unprivileged};
 
@@ -28,14 +28,6 @@ fn lease_keys(lines: &[String]) -> Vec<String> {
         .into_iter()
         .map(|f| f["lockKey"].clone())
         .collect()
-}
-
-fn env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", url),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
 }
 
 /// Asserts each key appears exactly once over all daemons' lines.
@@ -224,7 +216,9 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemons: Vec<Daemon> = (0..3).map(|_| Daemon::spawn(&env(&url, &port))).collect();
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|_| Daemon::spawn(&daemon_env(&url, &port)))
+        .collect();
     let all_keys = |daemons: &[Daemon]| -> Vec<String> {
         daemons
             .iter()
@@ -341,7 +335,7 @@ async fn run_cli(args: &[&str], url: &str, statsd_port: &str) -> (Option<i32>, S
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env(url, statsd_port))
+        .envs(daemon_env(url, statsd_port))
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -373,7 +367,9 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     assert_eq!(code, Some(0), "migrate through PgBouncer (session):\n{out}");
     let (code, out) = run_cli(&["check"], &url, &port).await;
     assert_eq!(code, Some(0), "check through PgBouncer (session):\n{out}");
-    let mut daemons: Vec<Daemon> = (0..2).map(|_| Daemon::spawn(&env(&url, &port))).collect();
+    let mut daemons: Vec<Daemon> = (0..2)
+        .map(|_| Daemon::spawn(&daemon_env(&url, &port)))
+        .collect();
     insert_expired(&mut conn, "session-", 20, 10).await;
     let all_keys = |daemons: &[Daemon]| -> Vec<String> {
         daemons
@@ -458,8 +454,8 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     let port = statsd.port.to_string();
     let standby_url = format!("postgres://postgres@127.0.0.1:{p2}/postgres");
     let standby_any = format!("{standby_url}?target_session_attrs=any");
-    let mut alone = Daemon::spawn(&env(&standby_url, &port));
-    let mut alone_any = Daemon::spawn(&env(&standby_any, &port));
+    let mut alone = Daemon::spawn(&daemon_env(&standby_url, &port));
+    let mut alone_any = Daemon::spawn(&daemon_env(&standby_any, &port));
     for d in [&alone, &alone_any] {
         d.wait_for_event("sweep_failed", Duration::from_secs(10))
             .await;
@@ -502,7 +498,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     // Both hosts: the primary first.
     let url =
         format!("postgres://postgres@127.0.0.1:{p1},127.0.0.1:{p2}/postgres?connect_timeout=2");
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&url, &port));
     let pid = daemon.pid();
     wait_until(Duration::from_secs(10), "the early leases", || async {
         lease_keys(&daemon.lines()).len() == 10
@@ -675,17 +671,17 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
         certs.client_cert.display().to_string(),
         certs.client_key.display().to_string(),
     );
-    let mut with_cert = env(&cert_url, &sport);
+    let mut with_cert = daemon_env(&cert_url, &sport);
     with_cert.extend([
         ("PGSSLCERT", client_cert.as_str()),
         ("PGSSLKEY", client_key.as_str()),
     ]);
     let mut daemons = [
-        Daemon::spawn(&env(&good, &sport)),
-        Daemon::spawn(&env(&wrong_ca, &sport)),
-        Daemon::spawn(&env(&wrong_name, &sport)),
+        Daemon::spawn(&daemon_env(&good, &sport)),
+        Daemon::spawn(&daemon_env(&wrong_ca, &sport)),
+        Daemon::spawn(&daemon_env(&wrong_name, &sport)),
         Daemon::spawn(&with_cert),
-        Daemon::spawn(&env(&cert_url, &sport)),
+        Daemon::spawn(&daemon_env(&cert_url, &sport)),
     ];
     // The two daemons that may connect split the leases between them.
     wait_until(Duration::from_secs(10), "the leases over TLS", || async {
