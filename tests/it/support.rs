@@ -515,6 +515,14 @@ impl Daemon {
         .await;
     }
 
+    /// Waits until the daemon has written at least `n` lines of event `name`.
+    pub async fn wait_for_events(&self, name: &str, n: usize, timeout: Duration) {
+        wait_until(timeout, &format!("{n} {name} lines"), || async {
+            events(&self.lines(), name).len() >= n
+        })
+        .await;
+    }
+
     /// Stops it as systemd or Docker would (SIGTERM), waits up to 10 s for
     /// its exit and returns the exit code and every line it wrote.
     pub async fn stop(&mut self) -> (Option<i32>, Vec<String>) {
