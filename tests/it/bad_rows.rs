@@ -550,49 +550,38 @@ async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them
     )
     .await;
 
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(&format!("job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))", ids[1])), "{out}");
-    assert!(
-        out.contains("UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
-    )
-    .await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(&format!("job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))", ids[0])), "{out}");
-    assert!(
-        out.contains("UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
-    )
-    .await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains(
-            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
+    // Each refusal names the rows and the statement that fixes them; once
+    // that has run, the next migration names the next problem.
+    for (names, fix, run) in [
+        (
+            format!(
+                "job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))",
+                ids[1]
+            ),
+            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
+            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
         ),
-        "{out}"
-    );
-    assert!(
-        out.contains("fn_queue_setting_set('queue.retry.backoff_base_sec', '10'"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
-    )
-    .await;
+        (
+            format!(
+                "job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))",
+                ids[0]
+            ),
+            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
+            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
+        ),
+        (
+            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
+                .to_owned(),
+            "fn_queue_setting_set('queue.retry.backoff_base_sec', '10'",
+            "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
+        ),
+    ] {
+        let (code, out) = run_binary(&["migrate"], &db.url).await;
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains(&names), "{out}");
+        assert!(out.contains(fix), "{out}");
+        exec(&mut conn, run).await;
+    }
 
     let (code, out) = run_binary(&["migrate"], &db.url).await;
     assert_eq!(code, Some(0), "{out}");

@@ -30,6 +30,14 @@ fn lease_keys(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// How many `lease_expired` lines `daemon` wrote so far for keys `{prefix}…`.
+fn reported_with_prefix(daemon: &Daemon, prefix: &str) -> usize {
+    lease_keys(&daemon.lines())
+        .iter()
+        .filter(|k| k.starts_with(prefix))
+        .count()
+}
+
 /// Asserts each key appears exactly once over all daemons' lines.
 fn assert_each_once(all: &[String], expected: usize, prefix: &str) {
     let mut seen: HashMap<&str, usize> = HashMap::new();
@@ -536,26 +544,14 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     wait_until(
         Duration::from_secs(20),
         "the leases that expired meanwhile",
-        || async {
-            lease_keys(&daemon.lines())
-                .iter()
-                .filter(|k| k.starts_with("meanwhile-"))
-                .count()
-                >= meanwhile.len()
-        },
+        || async { reported_with_prefix(&daemon, "meanwhile-") >= meanwhile.len() },
     )
     .await;
     insert_expired(&mut on_standby, "after-", 5, 10).await;
     wait_until(
         Duration::from_secs(10),
         "leases on the new primary",
-        || async {
-            lease_keys(&daemon.lines())
-                .iter()
-                .filter(|k| k.starts_with("after-"))
-                .count()
-                == 5
-        },
+        || async { reported_with_prefix(&daemon, "after-") == 5 },
     )
     .await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "no restart");
