@@ -591,26 +591,16 @@ async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them
 async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_records_its_actor() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    exec(
-        &mut conn,
+    // One statement (one transaction) each: the setter, a direct update, an
+    // insert and a delete.
+    for sql in [
         "SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'alice')",
-    )
-    .await;
-    exec(
-        &mut conn,
         "UPDATE queue_setting SET value = '120' WHERE key = 'queue.lease.duration_sec'",
-    )
-    .await;
-    exec(
-        &mut conn,
         "INSERT INTO queue_setting (key, value, updated_by) VALUES ('custom.note', 'x', 'bob')",
-    )
-    .await;
-    exec(
-        &mut conn,
         "DELETE FROM queue_setting WHERE key = 'custom.note'",
-    )
-    .await;
+    ] {
+        exec(&mut conn, sql).await;
+    }
     // The setter's actor never leaks onto a later direct write of the same transaction.
     exec(&mut conn, "BEGIN; SELECT fn_queue_setting_set('queue.lease.duration_sec', '90', 'carol'); UPDATE queue_setting SET value = '100' WHERE key = 'queue.lease.duration_sec'; COMMIT;").await;
     let who: String = sqlx::query_scalar("SELECT session_user::text")

@@ -291,56 +291,44 @@ async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_c
     let mut low = login.connect().await;
 
     // Leases: no new lease, no renewal, no steal, no rewrite, no forged expiry.
-    assert_denied(&mut low, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('mine', 'me', 1, now() + interval '1 h')").await;
-    assert_denied(&mut low, "SELECT lock_acquire('mine', 'me', 60000)").await;
-    assert_denied(&mut low, "SELECT lock_acquire('expired-1', 'me', 60000)").await;
-    assert_denied(
-        &mut low,
+    for sql in [
+        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('mine', 'me', 1, now() + interval '1 h')",
+        "SELECT lock_acquire('mine', 'me', 60000)",
+        "SELECT lock_acquire('expired-1', 'me', 60000)",
         "UPDATE lock_entry SET expires_at = now() + interval '1 day'",
-    )
-    .await;
-    assert_denied(&mut low, "UPDATE lock_entry SET token = token + 1000").await;
-    assert_denied(&mut low, "UPDATE lock_entry SET owner_id = 'me'").await;
-    assert_denied(
-        &mut low,
+        "UPDATE lock_entry SET token = token + 1000",
+        "UPDATE lock_entry SET owner_id = 'me'",
         "SELECT lock_renew('live', (SELECT token FROM lock_entry WHERE lock_key = 'live'), 60000)",
-    )
-    .await;
-    assert_denied(&mut low, "TRUNCATE lock_entry").await;
-    assert_denied(&mut low, "INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)").await;
-    assert_denied(&mut low, "UPDATE lock_expiry_outbox SET expires_at = now()").await;
-    assert_denied(&mut low, "SELECT nextval('lock_fencing_token_seq')").await;
-    assert_denied(&mut low, "DELETE FROM lock_session").await;
+        "TRUNCATE lock_entry",
+        "INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)",
+        "UPDATE lock_expiry_outbox SET expires_at = now()",
+        "SELECT nextval('lock_fencing_token_seq')",
+        "DELETE FROM lock_session",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
     // Gates and jobs: only through the reaper's apply.
-    assert_denied(
-        &mut low,
+    for sql in [
         "SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'false', 'mallory')",
-    )
-    .await;
-    assert_denied(&mut low, "UPDATE queue_setting SET value = 'true'").await;
-    assert_denied(
-        &mut low,
+        "UPDATE queue_setting SET value = 'true'",
         "INSERT INTO queue_setting_audit (key, new_value, actor) VALUES ('k', 'v', 'mallory')",
-    )
-    .await;
-    assert_denied(&mut low, "SELECT fn_job_enqueue('evil')").await;
-    assert_denied(&mut low, "SELECT * FROM fn_job_claim('mallory')").await;
-    assert_denied(
-        &mut low,
+        "SELECT fn_job_enqueue('evil')",
+        "SELECT * FROM fn_job_claim('mallory')",
         "SELECT fn_job_move_to_dead_letter((SELECT job_id FROM job_queue LIMIT 1), 'x', 'mallory')",
-    )
-    .await;
-    assert_denied(
-        &mut low,
         "UPDATE job_queue SET lease_until = now() - interval '1 h'",
-    )
-    .await;
-    assert_denied(&mut low, "DELETE FROM job_queue").await;
-    assert_denied(&mut low, "INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by) VALUES (gen_random_uuid(), 'k', '{}', 1, 'e', 'm')").await;
+        "DELETE FROM job_queue",
+        "INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by) VALUES (gen_random_uuid(), 'k', '{}', 1, 'e', 'm')",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
     // No new objects, no other identity.
-    assert_denied(&mut low, "CREATE TABLE public.mine (x int)").await;
-    assert_denied(&mut low, "CREATE SCHEMA mine").await;
-    assert_denied(&mut low, "SET ROLE postgres").await;
+    for sql in [
+        "CREATE TABLE public.mine (x int)",
+        "CREATE SCHEMA mine",
+        "SET ROLE postgres",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
 
     let after: String = sqlx::query_scalar(snapshot)
         .fetch_one(&mut admin)
