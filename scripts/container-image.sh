@@ -39,12 +39,11 @@ REPO="$PWD"
 N=4 # leases abandoned while the container runs
 VERSION=$(awk -F'"' '/^version *=/ {print $2; exit}' Cargo.toml)
 IMAGE="lease-sweeper:$VERSION"
-PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+# shellcheck source=scripts/lib/e2e.sh
+. scripts/lib/e2e.sh
+PG_BIN=$(pg_bin_dir)
 PSQL=$(command -v psql || echo "$PG_BIN/psql")
 export DOCKER_BUILDKIT=0
-
-say() { printf '==> %s\n' "$*"; }
-die() { printf 'ERROR: %s\n' "$*" >&2; exit 2; }
 
 [ "$(id -u)" = 0 ] || die "run as root (it may start dockerd and starts PostgreSQL as postgres)"
 for tool in docker openssl python3 runuser; do
@@ -55,14 +54,13 @@ done
 WORK=$(mktemp -d /tmp/lease-sweeper-image.XXXXXX)
 chmod 0755 "$WORK" # PostgreSQL (user postgres) keeps its cluster in here
 DOCKERD_PID=""
-STATSD_PID=""
 PG_STARTED=""
 CONTAINERS=()
 cleanup() {
     set +e
     for c in "${CONTAINERS[@]}"; do docker rm -f "$c" >/dev/null 2>&1; done
     [ -n "$PG_STARTED" ] && runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$WORK/pgdata" -m immediate stop >/dev/null 2>&1
-    [ -n "$STATSD_PID" ] && kill "$STATSD_PID" 2>/dev/null && wait "$STATSD_PID" 2>/dev/null
+    stop_statsd
     if [ -n "$DOCKERD_PID" ]; then
         kill -TERM "$DOCKERD_PID" 2>/dev/null
         for _ in $(seq 1 50); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.2; done
@@ -71,28 +69,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-PASSED=0
-FAILED=0
-ok() { PASSED=$((PASSED + 1)); printf 'ok    %s\n' "$*"; }
-bad() { FAILED=$((FAILED + 1)); printf 'FAIL  %s\n' "$*"; }
-expect() { if [ "$2" = "$3" ]; then ok "$1: $2"; else bad "$1: got '$2', want '$3'"; fi; }
-wait_for() {
-    local deadline=$(($(date +%s) + $1))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-}
-free_port() {
-    python3 - "$1" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM if sys.argv[1] == "tcp" else socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-PY
-}
 
 # ---- 1. the static binary ------------------------------------------------------------
 say "static musl binary (scripts/static-binary.sh --build-only)"
@@ -141,18 +117,7 @@ expect "--version in the image" "$(docker run --rm --read-only --network none --
 PG_PORT=$(free_port tcp)
 STATSD_PORT=$(free_port udp)
 say "PostgreSQL on localhost:$PG_PORT (TLS only), StatsD listener on 127.0.0.1:$STATSD_PORT"
-(
-    cd "$WORK"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=lease-sweeper image test CA' \
-        -addext 'basicConstraints=critical,CA:TRUE' -addext 'keyUsage=critical,keyCertSign,cRLSign' \
-        -keyout ca.key -out ca.pem 2>/dev/null
-    openssl req -newkey rsa:2048 -nodes -subj '/CN=localhost' -keyout server.key -out server.csr 2>/dev/null
-    printf '%s\n' 'subjectAltName=DNS:localhost' 'basicConstraints=critical,CA:FALSE' \
-        'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' >server.ext
-    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-        -extfile server.ext -out server.crt 2>/dev/null
-    chmod 0644 ca.pem
-)
+make_test_ca "$WORK" 'lease-sweeper image test CA'
 install -d -o postgres -g postgres -m 0700 "$WORK/pgdata"
 install -d -o postgres -g postgres -m 0755 "$WORK/pgsock"
 runuser -u postgres -- "$PG_BIN/initdb" -D "$WORK/pgdata" -U postgres -A peer >"$WORK/initdb.log" 2>&1 \
@@ -177,20 +142,7 @@ CREATE ROLE locks_owner LOGIN CREATEROLE PASSWORD '$OWNER_PW';
 CREATE DATABASE locks OWNER locks_owner;
 SQL
 
-python3 -u - "$STATSD_PORT" "$WORK/statsd.txt" <<'PY' &
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-with open(sys.argv[2], "a", buffering=1) as out:
-    while True:
-        data, _ = s.recvfrom(65535)
-        out.write(data.decode("utf-8", "replace").rstrip("\n") + "\n")
-PY
-STATSD_PID=$!
-touch "$WORK/statsd.txt"
-statsd_expired() {
-    awk -F'[:|]' '$1 == "lock.lease.expired" && $3 == "c" { n += $2 } END { print n + 0 }' "$WORK/statsd.txt"
-}
+start_statsd "$STATSD_PORT" "$WORK/statsd.txt"
 
 TLS_QUERY="sslmode=verify-full&sslrootcert=/etc/lease-sweeper/db-ca.pem"
 # What every container gets: read-only root, no capabilities, no privilege
@@ -261,9 +213,4 @@ docker logs "$NAME" 2>&1 | grep -E 'message=(starting|sweeper_started|lease_expi
 
 echo
 say "image $IMAGE: $size bytes ($(awk -v s="$size" 'BEGIN {printf "%.1f", s / 1048576}') MiB)"
-if [ "$FAILED" = 0 ]; then
-    say "PASS: $PASSED checks passed, 0 failed"
-    exit 0
-fi
-say "FAILED: $FAILED of $((PASSED + FAILED)) checks failed"
-exit 1
+summary

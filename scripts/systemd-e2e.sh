@@ -55,10 +55,9 @@ REPO="$PWD"
 UNIT=lease-sweeper.service
 N_TLS=5    # leases abandoned while the daemon connects over TLS
 N_SOCKET=3 # ... and while it connects over the Unix socket
-PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-
-say() { printf '==> %s\n' "$*"; }
-die() { printf 'ERROR: %s\n' "$*" >&2; exit 2; }
+# shellcheck source=scripts/lib/e2e.sh
+. scripts/lib/e2e.sh
+PG_BIN=$(pg_bin_dir)
 
 [ "$(id -u)" = 0 ] || die "run as root (it boots systemd in its own namespaces and installs a package)"
 [ -x /usr/bin/dbus-daemon ] || die "dbus-daemon is missing (apt-get install dbus)"
@@ -88,7 +87,6 @@ mkdir -p "$TARGET_DIR"
 WORK=$(mktemp -d "$(realpath "$TARGET_DIR")/systemd-e2e.XXXXXX")
 UNSHARE_PID=""
 SD_PID=""
-STATSD_PID=""
 ETC_CREATED=""
 WAS_INSTALLED=""
 dpkg-query -W -f='${Status}' lease-sweeper 2>/dev/null | grep -q 'install ok installed' && WAS_INSTALLED=yes
@@ -102,7 +100,7 @@ cleanup() {
         kill -KILL "$SD_PID"
     fi
     [ -n "$UNSHARE_PID" ] && wait "$UNSHARE_PID" 2>/dev/null
-    [ -n "$STATSD_PID" ] && kill "$STATSD_PID" 2>/dev/null && wait "$STATSD_PID" 2>/dev/null
+    stop_statsd
     # Cgroups systemd created for its units (empty now), deepest first.
     find /sys/fs/cgroup -mindepth 1 -type d 2>/dev/null | sort >"$WORK/cgroups.after"
     comm -13 "$WORK/cgroups.before" "$WORK/cgroups.after" | sort -r | while read -r dir; do
@@ -117,68 +115,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# ---- checks -----------------------------------------------------------------------
-PASSED=0
-FAILED=0
-ok() { PASSED=$((PASSED + 1)); printf 'ok    %s\n' "$*"; }
-bad() { FAILED=$((FAILED + 1)); printf 'FAIL  %s\n' "$*"; }
-# expect NAME ACTUAL WANTED
-expect() {
-    if [ "$2" = "$3" ]; then ok "$1: $2"; else bad "$1: got '$2', want '$3'"; fi
-}
-
+# ---- the namespace ------------------------------------------------------------------
 ns() { nsenter -t "$SD_PID" -m -p -u -i -- "$@"; }
 prop() { ns systemctl show -p "$1" --value "$UNIT"; }
-# wait_for SECONDS COMMAND...: polls until COMMAND succeeds; 1 on timeout.
-wait_for() {
-    local deadline=$(($(date +%s) + $1))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-}
-free_port() { # $1: tcp or udp
-    python3 - "$1" <<'PY'
-import socket, sys
-kind = socket.SOCK_STREAM if sys.argv[1] == "tcp" else socket.SOCK_DGRAM
-s = socket.socket(socket.AF_INET, kind)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-PY
-}
 
 # ---- a StatsD listener on loopback (outside the namespace: same network) ----------
 STATSD_PORT=$(free_port udp)
-python3 -u - "$STATSD_PORT" "$WORK/statsd.txt" <<'PY' &
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-with open(sys.argv[2], "a", buffering=1) as out:
-    while True:
-        data, _ = s.recvfrom(65535)
-        out.write(data.decode("utf-8", "replace").rstrip("\n") + "\n")
-PY
-STATSD_PID=$!
-touch "$WORK/statsd.txt"
-# Sum of lock.lease.expired counts received so far.
-statsd_expired() {
-    awk -F'[:|]' '$1 == "lock.lease.expired" && $3 == "c" { n += $2 } END { print n + 0 }' "$WORK/statsd.txt"
-}
+start_statsd "$STATSD_PORT" "$WORK/statsd.txt"
 
 # ---- a test CA and a server certificate for `localhost` ---------------------------
 say "test CA and server certificate (openssl)"
-(
-    cd "$WORK"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=lease-sweeper e2e CA' \
-        -addext 'basicConstraints=critical,CA:TRUE' -addext 'keyUsage=critical,keyCertSign,cRLSign' \
-        -keyout ca.key -out ca.pem 2>/dev/null
-    openssl req -newkey rsa:2048 -nodes -subj '/CN=localhost' -keyout server.key -out server.csr 2>/dev/null
-    printf '%s\n' 'subjectAltName=DNS:localhost' 'basicConstraints=critical,CA:FALSE' \
-        'keyUsage=critical,digitalSignature,keyEncipherment' 'extendedKeyUsage=serverAuth' >server.ext
-    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-        -extfile server.ext -out server.crt 2>/dev/null
-)
+make_test_ca "$WORK" 'lease-sweeper e2e CA'
 
 # ---- boot systemd in its own namespaces -------------------------------------------
 if [ ! -d /etc/lease-sweeper ]; then
@@ -504,11 +451,7 @@ fi
 
 # ---- summary -------------------------------------------------------------------------
 echo
-if [ "$FAILED" = 0 ]; then
-    say "PASS: $PASSED checks passed, 0 failed"
-    exit 0
-fi
-say "FAILED: $FAILED of $((PASSED + FAILED)) checks failed"
+summary && exit 0
 echo "--- journal of $UNIT (last 40 lines) ---"
 ns journalctl --no-pager -o short-monotonic -u "$UNIT" | tail -n 40
 exit 1

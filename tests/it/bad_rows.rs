@@ -12,8 +12,8 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs, migrate_to,
-    run_binary, wait_until,
+    Daemon, StatsdCapture, TestDb, count, events, exec, insert_expired, insert_stale_jobs,
+    migrate_to, open_gates, run_binary, wait_until,
 };
 
 /// The last migration before issue 11's.
@@ -24,13 +24,6 @@ type AuditRow = (String, Option<String>, Option<String>, String, String);
 
 const I64_MIN: &str = "-9223372036854775808";
 const I64_MAX: &str = "9223372036854775807";
-
-async fn exec(conn: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 /// Runs `sql`, which must fail with `code`; returns the error text.
 async fn refused_with(conn: &mut PgConnection, sql: &str, code: &str) -> String {
@@ -65,9 +58,7 @@ async fn daemon_with_statsd_until(
         done(&daemon.lines(), &statsd)
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     (lines, statsd)
 }
@@ -346,16 +337,6 @@ async fn migrating_a_database_holding_infinite_lease_deadlines_fails_naming_the_
     assert_eq!(events(&lines, "lease_expired").len(), 10);
 }
 
-async fn open_gates(conn: &mut PgConnection) {
-    exec(
-        conn,
-        "SELECT fn_queue_setting_set('queue.job_substrate.enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_dry_run_only', 'false', 'test');",
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn job_and_setting_values_the_reaper_cannot_handle_are_refused_at_the_door_by_named_constraints()
  {
@@ -569,49 +550,38 @@ async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them
     )
     .await;
 
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(&format!("job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))", ids[1])), "{out}");
-    assert!(
-        out.contains("UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
-    )
-    .await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(&format!("job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))", ids[0])), "{out}");
-    assert!(
-        out.contains("UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
-    )
-    .await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains(
-            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
+    // Each refusal names the rows and the statement that fixes them; once
+    // that has run, the next migration names the next problem.
+    for (names, fix, run) in [
+        (
+            format!(
+                "job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))",
+                ids[1]
+            ),
+            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
+            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
         ),
-        "{out}"
-    );
-    assert!(
-        out.contains("fn_queue_setting_set('queue.retry.backoff_base_sec', '10'"),
-        "{out}"
-    );
-    exec(
-        &mut conn,
-        "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
-    )
-    .await;
+        (
+            format!(
+                "job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))",
+                ids[0]
+            ),
+            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
+            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
+        ),
+        (
+            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
+                .to_owned(),
+            "fn_queue_setting_set('queue.retry.backoff_base_sec', '10'",
+            "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
+        ),
+    ] {
+        let (code, out) = run_binary(&["migrate"], &db.url).await;
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains(&names), "{out}");
+        assert!(out.contains(fix), "{out}");
+        exec(&mut conn, run).await;
+    }
 
     let (code, out) = run_binary(&["migrate"], &db.url).await;
     assert_eq!(code, Some(0), "{out}");
@@ -621,26 +591,16 @@ async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them
 async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_records_its_actor() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    exec(
-        &mut conn,
+    // One statement (one transaction) each: the setter, a direct update, an
+    // insert and a delete.
+    for sql in [
         "SELECT fn_queue_setting_set('queue.lease.duration_sec', '60', 'alice')",
-    )
-    .await;
-    exec(
-        &mut conn,
         "UPDATE queue_setting SET value = '120' WHERE key = 'queue.lease.duration_sec'",
-    )
-    .await;
-    exec(
-        &mut conn,
         "INSERT INTO queue_setting (key, value, updated_by) VALUES ('custom.note', 'x', 'bob')",
-    )
-    .await;
-    exec(
-        &mut conn,
         "DELETE FROM queue_setting WHERE key = 'custom.note'",
-    )
-    .await;
+    ] {
+        exec(&mut conn, sql).await;
+    }
     // The setter's actor never leaks onto a later direct write of the same transaction.
     exec(&mut conn, "BEGIN; SELECT fn_queue_setting_set('queue.lease.duration_sec', '90', 'carol'); UPDATE queue_setting SET value = '100' WHERE key = 'queue.lease.duration_sec'; COMMIT;").await;
     let who: String = sqlx::query_scalar("SELECT session_user::text")

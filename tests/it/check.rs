@@ -208,9 +208,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     // would send no gauge): the role lacks nothing either of them needs.
     wait_sweeps(&statsd, 2).await;
     wait_job_passes(&statsd, 2).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     for failure in ["sweep_failed", "job_reap_failed"] {
         assert!(events(&lines, failure).is_empty(), "{}", lines.join("\n"));

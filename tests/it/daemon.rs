@@ -97,10 +97,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     let port = statsd.port.to_string();
     // A failing pass sends no gauge; the watchdog ping counts it.
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut env = daemon_env(&db.url, &port);
-    env.push(("NOTIFY_SOCKET", &socket));
-    let mut daemon = Daemon::spawn(&env);
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&db.url, &port));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
@@ -116,10 +113,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
         events(&daemon.lines(), "lease_expired").len() == 4
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let failed = events(&lines, "sweep_failed");
     assert_eq!(
         failed.len(),
@@ -170,10 +164,7 @@ async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_passwor
     // At least one more failing sweep after the one logged.
     notify.wait_watchdogs(2).await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "still running");
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let all = lines.join("\n");
     assert!(!all.contains("Sup3r-S3cret"), "{all}");
     let failed = events(&lines, "sweep_failed");

@@ -18,8 +18,8 @@ use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, NotifySocket, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
-    open_gates, wait_until,
+    Daemon, NotifySocket, StatsdCapture, TestDb, acquire, blocking, count, daemon_env, events,
+    insert_expired, open_gates, wait_until,
 };
 
 /// `(lockKey, token)` of every `lease_expired` line, in output order.
@@ -240,8 +240,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     )
     .await;
     let drained = started.elapsed();
-    b.signal(libc::SIGTERM);
-    let (code, _) = b.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = b.stop().await;
     assert_eq!(code, Some(0));
     let b_reports = reported(&b.lines(), false);
     let b_keys = check_reports("the fresh replica", &b_reports, &inserted);
@@ -332,12 +331,6 @@ async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unrepor
     );
 }
 
-/// Runs blocking cluster control (start, stop) off the runtime thread, so the
-/// daemons' output keeps being read meanwhile.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("blocking task")
-}
-
 /// A cluster of this test's own, migrated, that it may stop and restart.
 ///
 /// Commits are durable here (`synchronous_commit=on`, unlike the shared
@@ -354,28 +347,6 @@ async fn own_cluster() -> (ThrowawayPg, String) {
         .unwrap();
     conn.close().await.unwrap();
     (pg, url)
-}
-
-/// Acquires `n` leases `{prefix}{i}` through the lock server's function;
-/// returns key → token.
-async fn acquire(
-    conn: &mut PgConnection,
-    prefix: &str,
-    n: usize,
-    ttl_ms: i64,
-) -> HashMap<String, i64> {
-    let mut out = HashMap::new();
-    for i in 0..n {
-        let key = format!("{prefix}{i}");
-        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
-            .bind(&key)
-            .bind(ttl_ms)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        out.insert(key, token.expect("the key was free"));
-    }
-    out
 }
 
 /// Every diagnostic line at ERROR, as (event, error text).
@@ -438,13 +409,6 @@ async fn wait_output(
 /// the watchdog pings, since a failing pass sends no gauge).
 const OUTAGE_PASSES: usize = 3;
 
-/// The daemon's environment with `notify` as its systemd socket.
-fn env_with_notify<'a>(url: &'a str, port: &'a str, notify: &'a str) -> Vec<(&'a str, &'a str)> {
-    let mut env = daemon_env(url, port);
-    env.push(("NOTIFY_SOCKET", notify));
-    env
-}
-
 /// What recovering from an outage looked like.
 struct Recovery {
     pg: ThrowawayPg,
@@ -486,8 +450,7 @@ async fn restart_and_recover(
     daemon
         .wait_for_event("sweep_recovered", Duration::from_secs(5))
         .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 
     let lines = daemon.lines();
@@ -525,8 +488,7 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&url, &port));
     daemon
         .wait_for_event("sweep_failed", Duration::from_secs(10))
         .await;
@@ -564,8 +526,7 @@ async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&env_with_notify(&url, &port, &socket));
+    let mut daemon = Daemon::spawn(&notify.daemon_env(&url, &port));
     let mut conn = PgConnection::connect(&url).await.unwrap();
     insert_expired(&mut conn, "before-", 5, 10).await;
     wait_until(Duration::from_secs(10), "the first sweep", || async {
@@ -675,8 +636,8 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
     let mut later_latencies = Vec::new();
     for round in 0..3 {
         let prefix: &'static str = ["later0-", "later1-", "later2-"][round];
-        insert_expired(&mut conn, prefix, 5, 10).await;
-        inserted.extend(leases(&mut conn).await);
+        // The tokens as inserted: a replica may reap one before a read-back.
+        inserted.extend(insert_expired(&mut conn, prefix, 5, 10).await);
         let t = Instant::now();
         let later = both(prefix);
         wait_until(Duration::from_secs(10), "later leases", || async {
@@ -905,8 +866,7 @@ async fn sweep_under_faketime(lib: &std::path::Path, shift: &str, skew_ms: i64) 
         || async { statsd.gauge("lock.held.current", "#backend:pg") == Some(10) },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
     let since_insert = inserted_at.elapsed().as_millis() as i64;
 
     let lines = daemon.lines();
@@ -1005,8 +965,7 @@ async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_s
         lease_lines(&b) >= left.len()
     })
     .await;
-    b.signal(libc::SIGTERM);
-    assert_eq!(b.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(b.stop().await.0, Some(0));
     let b_keys = check_reports("the next sweeper", &reported(&b.lines(), false), &inserted);
     let duplicates: HashSet<&String> = a_keys.intersection(&b_keys).collect();
     assert_eq!(duplicates, window, "only the abandoned batch is repeated");
@@ -1060,8 +1019,7 @@ async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_ru
     .await;
     let counted = statsd.counter("lock.lease.expired", "#backend:pg");
     release_held_commit(&mut conn).await;
-    daemon.signal(libc::SIGTERM);
-    let _ = daemon.wait_exit(Duration::from_secs(10)).await;
+    let _ = daemon.stop().await;
     eprintln!(
         "FIGURES statsd_mid_drain: committed={committed} counted_within_{}ms={counted}",
         waited.elapsed().as_millis()
@@ -1106,8 +1064,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
         events(l, "job_lease_expired").len() == 2
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
     let lines = daemon.lines();
     let reaped: Vec<(String, String, String)> = events(&lines, "job_lease_expired")
         .iter()
@@ -1166,8 +1123,7 @@ async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_f
     })
     .await;
     let drained = started.elapsed();
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 
     let lines = daemon.lines();
     let keys = check_reports("the sweeper", &reported(&lines, false), &before);

@@ -9,30 +9,9 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, insert_expired, insert_stale_jobs, run_binary,
-    wait_until,
+    Daemon, LoginRole, StatsdCapture, TestDb, count, events, exec, insert_expired,
+    insert_stale_jobs, open_gates, own_cluster, run_binary, wait_until,
 };
-
-async fn exec(conn: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// A LOGIN role for this test (roles are cluster-wide: named after the db).
-async fn login_role(
-    db: &TestDb,
-    admin: &mut PgConnection,
-    suffix: &str,
-    extra: &str,
-) -> (String, String) {
-    let role = format!("{}_{suffix}", db.name);
-    exec(admin, &format!("CREATE ROLE {role} LOGIN {extra}")).await;
-    let mut url = url::Url::parse(&db.url).unwrap();
-    url.set_username(&role).unwrap();
-    (role, url.to_string())
-}
 
 /// Overloads a role allowed to CREATE in `public` plants so that an
 /// unqualified call by a more privileged session runs them: an aggregate
@@ -89,21 +68,14 @@ async fn hits(conn: &mut PgConnection) -> Vec<(String, String)> {
         .unwrap()
 }
 
-async fn open_gates(conn: &mut PgConnection) {
-    exec(
-        conn,
-        "SELECT fn_queue_setting_set('queue.job_substrate.enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'true', 'test');
-         SELECT fn_queue_setting_set('queue.lease.reaper_dry_run_only', 'false', 'test');",
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrate_or_the_daemon() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let (planter, planter_url) = login_role(&db, &mut admin, "planter", "").await;
+    let LoginRole {
+        role: planter,
+        url: planter_url,
+    } = LoginRole::create(&db, &mut admin, "planter", "").await;
     open_gates(&mut admin).await;
     insert_expired(&mut admin, "expired-", 5, 1_000).await;
     insert_expired(&mut admin, "stolen-", 2, 1_000).await;
@@ -164,8 +136,7 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrat
         },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", daemon.lines().join("\n"));
 
     let ran = hits(&mut admin).await;
@@ -194,7 +165,10 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrat
 async fn migrate_refuses_a_fresh_database_with_a_planted_format_overload_before_running_anything() {
     let db = TestDb::empty().await;
     let mut admin = db.connect().await;
-    let (planter, planter_url) = login_role(&db, &mut admin, "fresh", "").await;
+    let LoginRole {
+        role: planter,
+        url: planter_url,
+    } = LoginRole::create(&db, &mut admin, "fresh", "").await;
     plant(&mut admin, &planter, &planter_url).await;
     let (code, out) = run_binary(&["migrate"], &db.url).await;
     assert_eq!(code, Some(1), "{out}");
@@ -226,7 +200,7 @@ async fn a_lock_server_without_outbox_privileges_records_takeovers_and_its_temp_
  {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
-    let (role, url) = login_role(&db, &mut admin, "lockserver", "").await;
+    let LoginRole { role, url } = LoginRole::create(&db, &mut admin, "lockserver", "").await;
     exec(
         &mut admin,
         &format!(
@@ -344,18 +318,15 @@ async fn definer_functions_installed_in_another_schema_act_on_that_schema_never_
 #[tokio::test]
 async fn a_pre_existing_lease_sweeper_that_can_log_in_or_has_unknown_members_is_refused_with_what_to_do()
  {
-    let pg = tokio::task::spawn_blocking(lease_sweeper::throwaway::ThrowawayPg::start)
-        .await
-        .unwrap()
-        .expect("a throwaway PostgreSQL");
-    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
-    for sql in [
-        "CREATE ROLE lease_sweeper LOGIN PASSWORD 'everybody-knows'",
-        "CREATE DATABASE a",
-        "CREATE DATABASE b",
-    ] {
-        exec(&mut admin, sql).await;
-    }
+    let (pg, mut admin) = own_cluster(
+        &[],
+        &[
+            "CREATE ROLE lease_sweeper LOGIN PASSWORD 'everybody-knows'",
+            "CREATE DATABASE a",
+            "CREATE DATABASE b",
+        ],
+    )
+    .await;
 
     let (code, out) = run_binary(&["migrate"], &pg.url("a")).await;
     assert_eq!(code, Some(1), "{out}");
@@ -390,7 +361,8 @@ async fn revoking_connect_scopes_a_sweeper_host_to_one_database() {
     let a = TestDb::new().await;
     let b = TestDb::new().await;
     let mut admin_a = a.connect().await;
-    let (role, url_a) = login_role(&a, &mut admin_a, "host", "IN ROLE lease_sweeper").await;
+    let LoginRole { role, url: url_a } =
+        LoginRole::create(&a, &mut admin_a, "host", "IN ROLE lease_sweeper").await;
     // As docs/least-privilege.md says: CONNECT only where the host sweeps.
     exec(
         &mut admin_a,
@@ -447,7 +419,10 @@ async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_whe
     // The documented way: a dedicated, non-superuser owner migrates.
     let db = TestDb::empty().await;
     let mut admin = db.connect().await;
-    let (owner, owner_url) = login_role(&db, &mut admin, "owner", "").await;
+    let LoginRole {
+        role: owner,
+        url: owner_url,
+    } = LoginRole::create(&db, &mut admin, "owner", "").await;
     exec(
         &mut admin,
         &format!("ALTER DATABASE {} OWNER TO {owner}", db.name),

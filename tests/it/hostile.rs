@@ -6,10 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use lease_sweeper::throwaway::ThrowawayPg;
-use sqlx::{Connection as _, PgConnection};
+use sqlx::PgConnection;
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, daemon_env, events, fields, open_gates, wait_until,
+    Daemon, StatsdCapture, TempDir, TestDb, count, daemon_env, events, fields, open_gates,
+    own_cluster, wait_until,
 };
 
 /// Values built to break a line-oriented log: line breaks of every kind,
@@ -134,8 +135,7 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
             && events(&lines, "job_lease_expired").len() >= jobs.len()
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 
     let lines = daemon.lines();
@@ -220,16 +220,9 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
 /// superuser on the socket and makes every other role authenticate with
 /// SCRAM: the shared test cluster trusts everyone, so a wrong password would
 /// never be refused there.
-async fn cluster_requiring_passwords() -> (ThrowawayPg, RemoveOnDrop) {
-    let dir = std::env::temp_dir().join(format!(
-        "ls-hba-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+async fn cluster_requiring_passwords() -> (ThrowawayPg, PgConnection, TempDir) {
+    // Removed even if the test fails; 0755 so that `postgres` reads it.
+    let dir = TempDir::shared("hba", None);
     let hba = dir.join("pg_hba.conf");
     std::fs::write(
         &hba,
@@ -237,25 +230,10 @@ async fn cluster_requiring_passwords() -> (ThrowawayPg, RemoveOnDrop) {
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&hba, std::fs::Permissions::from_mode(0o644)).unwrap();
     let setting = hba.to_string_lossy().into_owned();
-    let pg = tokio::task::spawn_blocking(move || {
-        ThrowawayPg::start_with(&[("hba_file", setting.as_str())])
-    })
-    .await
-    .unwrap()
-    .expect("starting a PostgreSQL that requires passwords");
-    (pg, RemoveOnDrop(dir))
-}
-
-/// The directory holding the test's pg_hba.conf, removed even if the test fails.
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    let (pg, admin) = own_cluster(&[("hba_file", setting.as_str())], &[]).await;
+    (pg, admin, dir)
 }
 
 /// Every piece of the two passwords used below; none may appear anywhere.
@@ -272,9 +250,7 @@ fn assert_no_secret(what: &str, output: &str) {
 
 #[tokio::test]
 async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_login() {
-    let (pg, _hba_dir) = cluster_requiring_passwords().await;
-    let admin_url = pg.url("postgres");
-    let mut admin = PgConnection::connect(&admin_url).await.unwrap();
+    let (pg, mut admin, _hba_dir) = cluster_requiring_passwords().await;
     lease_sweeper::pg::migrate::migrate(&mut admin)
         .await
         .unwrap();
@@ -335,8 +311,7 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
         );
     }
     for (name, mut d) in daemons {
-        d.signal(libc::SIGTERM);
-        let (code, _) = d.wait_exit(Duration::from_secs(10)).await;
+        let (code, _) = d.stop().await;
         assert_eq!(code, Some(0), "{name}");
         assert_no_secret(
             &format!("run with a wrong password in {name}"),
@@ -386,8 +361,7 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
         events(&d.lines(), "lease_expired").len() == 1
     })
     .await;
-    d.signal(libc::SIGTERM);
-    assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(d.stop().await.0, Some(0));
     let lines = d.lines();
     assert!(
         events(&lines, "starting")[0]["database"]

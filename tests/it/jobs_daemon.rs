@@ -177,17 +177,12 @@ async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_
     set_setting(&mut tx, SUBSTRATE, "true").await;
     set_setting(&mut tx, REAPER, "true").await;
     tx.commit().await.unwrap();
-    wait_until(
-        Duration::from_secs(10),
-        "the new refusal reason",
-        || async { events(&daemon.lines(), "job_reaper_gated").len() >= 2 },
-    )
-    .await;
+    // A line for the new refusal reason.
+    daemon
+        .wait_for_events("job_reaper_gated", 2, Duration::from_secs(10))
+        .await;
     wait_job_passes(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let gated = events(&lines, "job_reaper_gated");
     let reasons: Vec<&str> = gated.iter().map(|g| g["reason"].as_str()).collect();
     assert_eq!(
@@ -222,18 +217,12 @@ async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_ac
     open_gates(&mut conn).await;
     let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
 
-    wait_until(
-        Duration::from_secs(20),
-        "30 job_lease_expired lines",
-        || async { events(&daemon.lines(), "job_lease_expired").len() >= 30 },
-    )
-    .await;
+    daemon
+        .wait_for_events("job_lease_expired", 30, Duration::from_secs(20))
+        .await;
     // A few more sweeps: nothing is reported twice.
     wait_job_passes(&statsd, 3).await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     let expired = events(&lines, "job_lease_expired");
     assert_eq!(expired.len(), 30, "{lines:#?}");
     let ids: HashSet<&str> = expired.iter().map(|e| e["jobId"].as_str()).collect();

@@ -72,8 +72,7 @@ async fn the_probe_fails_while_a_job_loop_is_wedged_and_passes_again_once_it_mov
         alive(&heartbeat).status.success()
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
     Daemon, LoginRole, StatsdCapture, TestDb, apply_stale_leases, count, daemon_env, events,
-    insert_expired, insert_stale_jobs, open_gates,
+    insert_expired, insert_stale_jobs, open_gates, own_cluster, run_binary,
 };
 
 /// How docs/least-privilege.md tells an operator to create the daemon's
@@ -85,10 +85,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
         },
     )
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     let errors: Vec<&String> = lines.iter().filter(|l| l.contains("level=error")).collect();
     assert!(errors.is_empty(), "no permission is missing: {errors:#?}");
@@ -174,13 +171,11 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     .unwrap()
     .into_iter()
     .collect();
-    let expected: BTreeSet<(String, String)> = [
-        ("_sqlx_migrations", "SELECT"),
-        ("queue_setting", "SELECT"),
-    ]
-    .iter()
-    .map(|(t, p)| ((*t).to_owned(), (*p).to_owned()))
-    .collect();
+    let expected: BTreeSet<(String, String)> =
+        [("_sqlx_migrations", "SELECT"), ("queue_setting", "SELECT")]
+            .iter()
+            .map(|(t, p)| ((*t).to_owned(), (*p).to_owned()))
+            .collect();
     assert_eq!(tables, expected);
 
     // job_queue: only the dry run's columns are readable, never a payload.
@@ -298,56 +293,44 @@ async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_c
     let mut low = login.connect().await;
 
     // Leases: no new lease, no renewal, no steal, no rewrite, no forged expiry.
-    assert_denied(&mut low, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('mine', 'me', 1, now() + interval '1 h')").await;
-    assert_denied(&mut low, "SELECT lock_acquire('mine', 'me', 60000)").await;
-    assert_denied(&mut low, "SELECT lock_acquire('expired-1', 'me', 60000)").await;
-    assert_denied(
-        &mut low,
+    for sql in [
+        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('mine', 'me', 1, now() + interval '1 h')",
+        "SELECT lock_acquire('mine', 'me', 60000)",
+        "SELECT lock_acquire('expired-1', 'me', 60000)",
         "UPDATE lock_entry SET expires_at = now() + interval '1 day'",
-    )
-    .await;
-    assert_denied(&mut low, "UPDATE lock_entry SET token = token + 1000").await;
-    assert_denied(&mut low, "UPDATE lock_entry SET owner_id = 'me'").await;
-    assert_denied(
-        &mut low,
+        "UPDATE lock_entry SET token = token + 1000",
+        "UPDATE lock_entry SET owner_id = 'me'",
         "SELECT lock_renew('live', (SELECT token FROM lock_entry WHERE lock_key = 'live'), 60000)",
-    )
-    .await;
-    assert_denied(&mut low, "TRUNCATE lock_entry").await;
-    assert_denied(&mut low, "INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)").await;
-    assert_denied(&mut low, "UPDATE lock_expiry_outbox SET expires_at = now()").await;
-    assert_denied(&mut low, "SELECT nextval('lock_fencing_token_seq')").await;
-    assert_denied(&mut low, "DELETE FROM lock_session").await;
+        "TRUNCATE lock_entry",
+        "INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)",
+        "UPDATE lock_expiry_outbox SET expires_at = now()",
+        "SELECT nextval('lock_fencing_token_seq')",
+        "DELETE FROM lock_session",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
     // Gates and jobs: only through the reaper's apply.
-    assert_denied(
-        &mut low,
+    for sql in [
         "SELECT fn_queue_setting_set('queue.lease.reaper_enabled', 'false', 'mallory')",
-    )
-    .await;
-    assert_denied(&mut low, "UPDATE queue_setting SET value = 'true'").await;
-    assert_denied(
-        &mut low,
+        "UPDATE queue_setting SET value = 'true'",
         "INSERT INTO queue_setting_audit (key, new_value, actor) VALUES ('k', 'v', 'mallory')",
-    )
-    .await;
-    assert_denied(&mut low, "SELECT fn_job_enqueue('evil')").await;
-    assert_denied(&mut low, "SELECT * FROM fn_job_claim('mallory')").await;
-    assert_denied(
-        &mut low,
+        "SELECT fn_job_enqueue('evil')",
+        "SELECT * FROM fn_job_claim('mallory')",
         "SELECT fn_job_move_to_dead_letter((SELECT job_id FROM job_queue LIMIT 1), 'x', 'mallory')",
-    )
-    .await;
-    assert_denied(
-        &mut low,
         "UPDATE job_queue SET lease_until = now() - interval '1 h'",
-    )
-    .await;
-    assert_denied(&mut low, "DELETE FROM job_queue").await;
-    assert_denied(&mut low, "INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by) VALUES (gen_random_uuid(), 'k', '{}', 1, 'e', 'm')").await;
+        "DELETE FROM job_queue",
+        "INSERT INTO job_dead_letter (job_id, job_kind, payload, attempts, final_error, moved_by) VALUES (gen_random_uuid(), 'k', '{}', 1, 'e', 'm')",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
     // No new objects, no other identity.
-    assert_denied(&mut low, "CREATE TABLE public.mine (x int)").await;
-    assert_denied(&mut low, "CREATE SCHEMA mine").await;
-    assert_denied(&mut low, "SET ROLE postgres").await;
+    for sql in [
+        "CREATE TABLE public.mine (x int)",
+        "CREATE SCHEMA mine",
+        "SET ROLE postgres",
+    ] {
+        assert_denied(&mut low, sql).await;
+    }
 
     let after: String = sqlx::query_scalar(snapshot)
         .fetch_one(&mut admin)
@@ -606,26 +589,21 @@ async fn migrate_as(
 ) -> (Option<i32>, String) {
     let mut url = url::Url::parse(&pg.url(database)).unwrap();
     url.set_username(user).unwrap();
-    let mut d = Daemon::spawn_args(&["migrate"], &[("LOCKDB_URL", url.as_str())]);
-    let (code, _) = d.wait_exit(Duration::from_secs(60)).await;
-    (code, d.lines().join("\n"))
+    run_binary(&["migrate"], url.as_str()).await
 }
 
 #[tokio::test]
 async fn the_role_migration_names_createrole_when_missing_and_survives_many_databases_migrating_at_once()
  {
     // A cluster of its own, so `lease_sweeper` does not exist yet.
-    let pg = tokio::task::spawn_blocking(lease_sweeper::throwaway::ThrowawayPg::start)
-        .await
-        .unwrap()
-        .expect("a throwaway PostgreSQL");
-    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
-    for sql in [
-        "CREATE ROLE locks_owner LOGIN CREATEDB",
-        "CREATE DATABASE owned OWNER locks_owner",
-    ] {
-        sqlx::raw_sql(sql).execute(&mut admin).await.unwrap();
-    }
+    let (pg, mut admin) = own_cluster(
+        &[],
+        &[
+            "CREATE ROLE locks_owner LOGIN CREATEDB",
+            "CREATE DATABASE owned OWNER locks_owner",
+        ],
+    )
+    .await;
 
     let (code, out) = migrate_as(&pg, "locks_owner", "owned").await;
     assert_eq!(code, Some(1), "{out}");

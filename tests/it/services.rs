@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::{
     Daemon, JobQueueBlock, StatsdCapture, TestDb, count, daemon_env, events, insert_expired,
-    insert_stale_jobs, job_passes_seen, open_gates, wait_sweeps, wait_until,
+    insert_stale_jobs, job_passes_seen, open_gates, wait_sweeps,
 };
 
 const STALE_JOBS: i64 = 40;
@@ -28,21 +28,15 @@ async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_r
         .wait_for_event("sweeper_started", Duration::from_secs(10))
         .await;
     insert_expired(&mut conn, "first-", 15, 50).await;
-    wait_until(
-        Duration::from_secs(15),
-        "15 lease_expired lines",
-        || async { events(&daemon.lines(), "lease_expired").len() >= 15 },
-    )
-    .await;
+    daemon
+        .wait_for_events("lease_expired", 15, Duration::from_secs(15))
+        .await;
     // Several more lock sweeps, and more expiries, while the job loop is stuck.
     wait_sweeps(&statsd, 3).await;
     insert_expired(&mut conn, "second-", 10, 50).await;
-    wait_until(
-        Duration::from_secs(15),
-        "25 lease_expired lines",
-        || async { events(&daemon.lines(), "lease_expired").len() >= 25 },
-    )
-    .await;
+    daemon
+        .wait_for_events("lease_expired", 25, Duration::from_secs(15))
+        .await;
     assert_eq!(
         job_passes_seen(&statsd),
         0,
@@ -52,15 +46,16 @@ async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_r
     assert_eq!(block.leased_jobs().await, STALE_JOBS);
 
     block.release().await;
-    wait_until(
-        Duration::from_secs(20),
-        "the job reaper catching up",
-        || async { events(&daemon.lines(), "job_lease_expired").len() >= STALE_JOBS as usize },
-    )
-    .await;
+    // The job reaper catches up.
+    daemon
+        .wait_for_events(
+            "job_lease_expired",
+            STALE_JOBS as usize,
+            Duration::from_secs(20),
+        )
+        .await;
 
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
     let lines = daemon.lines();
     let expired = events(&lines, "lease_expired");

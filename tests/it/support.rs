@@ -202,20 +202,30 @@ impl LoginRole {
     }
 }
 
-/// Inserts `n` leases named `{prefix}{i}` whose deadline passed `ago_ms` ago.
-pub async fn insert_expired(conn: &mut PgConnection, prefix: &str, n: i64, ago_ms: i64) {
-    sqlx::query(
+/// Inserts `n` leases named `{prefix}{i}` whose deadline passed `ago_ms` ago;
+/// returns each key with its token, as inserted (a running sweeper may have
+/// reaped them already by the time a test could read the table).
+pub async fn insert_expired(
+    conn: &mut PgConnection,
+    prefix: &str,
+    n: i64,
+    ago_ms: i64,
+) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
         "INSERT INTO lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
          SELECT $1 || i, 'owner-' || i, nextval('lock_fencing_token_seq'),
                 now() - interval '1 hour', now() - $3 * interval '1 millisecond'
-           FROM generate_series(1, $2) AS i",
+           FROM generate_series(1, $2) AS i
+         RETURNING lock_key, token",
     )
     .bind(prefix)
     .bind(n)
     .bind(ago_ms)
-    .execute(conn)
+    .fetch_all(conn)
     .await
-    .expect("inserting expired leases");
+    .expect("inserting expired leases")
+    .into_iter()
+    .collect()
 }
 
 /// Inserts `n` leased jobs whose lease ran out `overdue_ms` ago; returns their ids.
@@ -242,6 +252,68 @@ pub async fn insert_stale_jobs(
     .fetch_all(conn)
     .await
     .expect("inserting stale jobs")
+}
+
+/// Acquires `n` leases `{prefix}{i}` through the lock server's function
+/// (owner `holder`), each of which must have been free; returns key → token.
+pub async fn acquire(
+    conn: &mut PgConnection,
+    prefix: &str,
+    n: usize,
+    ttl_ms: i64,
+) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
+            .bind(&key)
+            .bind(ttl_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        out.insert(key, token.expect("the key was free"));
+    }
+    out
+}
+
+/// Runs `sql` (one or more statements, no parameters), failing the test
+/// with the statement and the error.
+pub async fn exec(conn: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Runs blocking cluster control (start, stop) off the runtime thread, so
+/// the daemons' output keeps being read meanwhile.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+/// A throwaway cluster of the test's own (for what the shared one cannot
+/// show: roles that must not exist yet, its own pg_hba.conf, ...), started
+/// with these extra settings, and a superuser connection to `postgres` on
+/// which `setup` has run, statement by statement.
+pub async fn own_cluster(settings: &[(&str, &str)], setup: &[&str]) -> (ThrowawayPg, PgConnection) {
+    let owned: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let pg = blocking(move || {
+        let settings: Vec<(&str, &str)> = owned
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        ThrowawayPg::start_with(&settings)
+    })
+    .await
+    .expect("a throwaway PostgreSQL");
+    let mut admin = PgConnection::connect(&pg.url("postgres")).await.unwrap();
+    for sql in setup {
+        exec(&mut admin, sql).await;
+    }
+    (pg, admin)
 }
 
 pub async fn count(conn: &mut PgConnection, sql: &'static str) -> i64 {
@@ -453,6 +525,22 @@ impl Daemon {
         .await;
     }
 
+    /// Waits until the daemon has written at least `n` lines of event `name`.
+    pub async fn wait_for_events(&self, name: &str, n: usize, timeout: Duration) {
+        wait_until(timeout, &format!("{n} {name} lines"), || async {
+            events(&self.lines(), name).len() >= n
+        })
+        .await;
+    }
+
+    /// Stops it as systemd or Docker would (SIGTERM), waits up to 10 s for
+    /// its exit and returns the exit code and every line it wrote.
+    pub async fn stop(&mut self) -> (Option<i32>, Vec<String>) {
+        self.signal(libc::SIGTERM);
+        let (code, _) = self.wait_exit(Duration::from_secs(10)).await;
+        (code, self.lines())
+    }
+
     /// Waits for exit; returns the code and how long it took.
     pub async fn wait_exit(&mut self, timeout: Duration) -> (Option<i32>, Duration) {
         let start = Instant::now();
@@ -580,7 +668,8 @@ pub async fn wait_job_passes(statsd: &StatsdCapture, n: usize) {
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh directory under the system temp dir, removed on drop.
+/// A fresh directory under the system temp dir, removed on drop (even when
+/// the test fails).
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -593,6 +682,27 @@ impl TempDir {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("creating a temp dir");
         Self(dir)
+    }
+
+    /// The same, mode 0755 whatever the umask, and owned by `owner`
+    /// (uid, gid) when given: for files another user (`postgres`, PgBouncer
+    /// run unprivileged) must read.
+    pub fn shared(what: &str, owner: Option<(u32, u32)>) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = Self::new(what);
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid)).unwrap();
+        }
+        dir
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
     }
 }
 
@@ -643,6 +753,14 @@ impl NotifySocket {
             stop,
             reader: Some(reader),
         }
+    }
+
+    /// `daemon_env` plus `NOTIFY_SOCKET` pointing here: the environment
+    /// systemd gives a `Type=notify` unit.
+    pub fn daemon_env<'a>(&'a self, url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut env = daemon_env(url, statsd_port);
+        env.push(("NOTIFY_SOCKET", self.path.to_str().unwrap()));
+        env
     }
 
     /// Reads every datagram already sent (for example by a daemon that has

@@ -136,13 +136,9 @@ async fn the_daemon_speaks_systemds_notify_protocol() {
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let mut notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", &db.url),
-        ("STATSD_PORT", &port),
-        ("NOTIFY_SOCKET", &socket),
-        ("WATCHDOG_USEC", "10000000"),
-    ]);
+    let mut env = notify.daemon_env(&db.url, &port);
+    env.push(("WATCHDOG_USEC", "10000000"));
+    let mut daemon = Daemon::spawn(&env);
 
     wait_until(Duration::from_secs(10), "READY=1", || async {
         !notify.arrivals("READY=1").is_empty()
@@ -210,9 +206,7 @@ async fn a_missing_notify_socket_is_reported_once_and_the_daemon_keeps_sweeping(
         events(&daemon.lines(), "lease_expired").len() == 2
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    let (code, _) = daemon.wait_exit(Duration::from_secs(10)).await;
-    let lines = daemon.lines();
+    let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
     let failed = events(&lines, "systemd_notify_failed");
     assert_eq!(failed.len(), 1, "reported once: {}", lines.join("\n"));
@@ -225,13 +219,9 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let notify = NotifySocket::bind();
-    let socket = notify.path.to_str().unwrap().to_owned();
-    let mut daemon = Daemon::spawn(&[
-        ("LOCKDB_URL", &db.url),
-        ("STATSD_PORT", &port),
-        ("NOTIFY_SOCKET", &socket),
-        ("WATCHDOG_USEC", "10000000"),
-    ]);
+    let mut env = notify.daemon_env(&db.url, &port);
+    env.push(("WATCHDOG_USEC", "10000000"));
+    let mut daemon = Daemon::spawn(&env);
     wait_until(Duration::from_secs(10), "two WATCHDOG=1", || async {
         notify.arrivals("WATCHDOG=1").len() >= 2
     })
@@ -253,6 +243,5 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
         notify.arrivals("WATCHDOG=1").len() > wedged_at
     })
     .await;
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 }

@@ -17,8 +17,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, events, fields, insert_expired, insert_stale_jobs,
-    wait_until,
+    Daemon, StatsdCapture, TestDb, acquire, blocking, count, daemon_env, events, fields,
+    insert_expired, insert_stale_jobs, wait_until,
 };
 use crate::topology_support::{Bouncer, Certs, free_port, sbin, unprivileged};
 
@@ -30,12 +30,12 @@ fn lease_keys(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn env<'a>(url: &'a str, statsd_port: &'a str) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("LOCKDB_URL", url),
-        ("STATSD_HOST", "127.0.0.1"),
-        ("STATSD_PORT", statsd_port),
-    ]
+/// How many `lease_expired` lines `daemon` wrote so far for keys `{prefix}…`.
+fn reported_with_prefix(daemon: &Daemon, prefix: &str) -> usize {
+    lease_keys(&daemon.lines())
+        .iter()
+        .filter(|k| k.starts_with(prefix))
+        .count()
 }
 
 /// Asserts each key appears exactly once over all daemons' lines.
@@ -59,12 +59,6 @@ fn server_of(url: &str) -> (String, u16, String) {
         .or_else(|| u.host_str().map(str::to_owned))
         .unwrap();
     (host, u.port().unwrap_or(5432), u.username().to_owned())
-}
-
-/// Runs blocking cluster control off the runtime thread, so the daemons'
-/// output keeps being read meanwhile.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
 /// A client that does what many applications do behind PgBouncer: sqlx's
@@ -230,7 +224,9 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
 
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
-    let mut daemons: Vec<Daemon> = (0..3).map(|_| Daemon::spawn(&env(&url, &port))).collect();
+    let mut daemons: Vec<Daemon> = (0..3)
+        .map(|_| Daemon::spawn(&daemon_env(&url, &port)))
+        .collect();
     let all_keys = |daemons: &[Daemon]| -> Vec<String> {
         daemons
             .iter()
@@ -275,8 +271,7 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
             d.child.try_wait().unwrap().is_none(),
             "every daemon is alive"
         );
-        d.signal(libc::SIGTERM);
-        let (code, _) = d.wait_exit(Duration::from_secs(10)).await;
+        let (code, _) = d.stop().await;
         assert_eq!(code, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
@@ -348,7 +343,7 @@ async fn run_cli(args: &[&str], url: &str, statsd_port: &str) -> (Option<i32>, S
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env(url, statsd_port))
+        .envs(daemon_env(url, statsd_port))
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -380,7 +375,9 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     assert_eq!(code, Some(0), "migrate through PgBouncer (session):\n{out}");
     let (code, out) = run_cli(&["check"], &url, &port).await;
     assert_eq!(code, Some(0), "check through PgBouncer (session):\n{out}");
-    let mut daemons: Vec<Daemon> = (0..2).map(|_| Daemon::spawn(&env(&url, &port))).collect();
+    let mut daemons: Vec<Daemon> = (0..2)
+        .map(|_| Daemon::spawn(&daemon_env(&url, &port)))
+        .collect();
     insert_expired(&mut conn, "session-", 20, 10).await;
     let all_keys = |daemons: &[Daemon]| -> Vec<String> {
         daemons
@@ -393,8 +390,7 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     })
     .await;
     for d in &mut daemons {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
     for bad in ["sweep_failed", "job_reap_failed"] {
@@ -402,23 +398,6 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     }
     assert_each_once(&all_keys(&daemons), 20, "session-");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-}
-
-/// Leases acquired through the lock server's function, key → token.
-async fn acquire(conn: &mut PgConnection, prefix: &str, n: usize, ttl_ms: i64) -> Vec<String> {
-    let mut keys = Vec::new();
-    for i in 0..n {
-        let key = format!("{prefix}{i}");
-        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', $2)")
-            .bind(&key)
-            .bind(ttl_ms)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        assert!(token.is_some());
-        keys.push(key);
-    }
-    keys
 }
 
 async fn wait_count(conn: &mut PgConnection, sql: &'static str, want: i64, what: &str) {
@@ -483,8 +462,8 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     let port = statsd.port.to_string();
     let standby_url = format!("postgres://postgres@127.0.0.1:{p2}/postgres");
     let standby_any = format!("{standby_url}?target_session_attrs=any");
-    let mut alone = Daemon::spawn(&env(&standby_url, &port));
-    let mut alone_any = Daemon::spawn(&env(&standby_any, &port));
+    let mut alone = Daemon::spawn(&daemon_env(&standby_url, &port));
+    let mut alone_any = Daemon::spawn(&daemon_env(&standby_any, &port));
     for d in [&alone, &alone_any] {
         d.wait_for_event("sweep_failed", Duration::from_secs(10))
             .await;
@@ -504,8 +483,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     )
     .await;
     for d in [&mut alone, &mut alone_any] {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     for (d, extra) in [(&alone, ""), (&alone_any, "SQLSTATE 25006")] {
         let lines = d.lines();
@@ -528,7 +506,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     // Both hosts: the primary first.
     let url =
         format!("postgres://postgres@127.0.0.1:{p1},127.0.0.1:{p2}/postgres?connect_timeout=2");
-    let mut daemon = Daemon::spawn(&env(&url, &port));
+    let mut daemon = Daemon::spawn(&daemon_env(&url, &port));
     let pid = daemon.pid();
     wait_until(Duration::from_secs(10), "the early leases", || async {
         lease_keys(&daemon.lines()).len() == 10
@@ -566,32 +544,19 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     wait_until(
         Duration::from_secs(20),
         "the leases that expired meanwhile",
-        || async {
-            lease_keys(&daemon.lines())
-                .iter()
-                .filter(|k| k.starts_with("meanwhile-"))
-                .count()
-                >= meanwhile.len()
-        },
+        || async { reported_with_prefix(&daemon, "meanwhile-") >= meanwhile.len() },
     )
     .await;
     insert_expired(&mut on_standby, "after-", 5, 10).await;
     wait_until(
         Duration::from_secs(10),
         "leases on the new primary",
-        || async {
-            lease_keys(&daemon.lines())
-                .iter()
-                .filter(|k| k.starts_with("after-"))
-                .count()
-                == 5
-        },
+        || async { reported_with_prefix(&daemon, "after-") == 5 },
     )
     .await;
     assert!(daemon.child.try_wait().unwrap().is_none(), "no restart");
     assert_eq!(daemon.pid(), pid);
-    daemon.signal(libc::SIGTERM);
-    assert_eq!(daemon.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+    assert_eq!(daemon.stop().await.0, Some(0));
 
     let lines = daemon.lines();
     let keys = lease_keys(&lines);
@@ -702,17 +667,17 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
         certs.client_cert.display().to_string(),
         certs.client_key.display().to_string(),
     );
-    let mut with_cert = env(&cert_url, &sport);
+    let mut with_cert = daemon_env(&cert_url, &sport);
     with_cert.extend([
         ("PGSSLCERT", client_cert.as_str()),
         ("PGSSLKEY", client_key.as_str()),
     ]);
     let mut daemons = [
-        Daemon::spawn(&env(&good, &sport)),
-        Daemon::spawn(&env(&wrong_ca, &sport)),
-        Daemon::spawn(&env(&wrong_name, &sport)),
+        Daemon::spawn(&daemon_env(&good, &sport)),
+        Daemon::spawn(&daemon_env(&wrong_ca, &sport)),
+        Daemon::spawn(&daemon_env(&wrong_name, &sport)),
         Daemon::spawn(&with_cert),
-        Daemon::spawn(&env(&cert_url, &sport)),
+        Daemon::spawn(&daemon_env(&cert_url, &sport)),
     ];
     // The two daemons that may connect split the leases between them.
     wait_until(Duration::from_secs(10), "the leases over TLS", || async {
@@ -752,8 +717,7 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for d in &mut daemons {
-        d.signal(libc::SIGTERM);
-        assert_eq!(d.wait_exit(Duration::from_secs(10)).await.0, Some(0));
+        assert_eq!(d.stop().await.0, Some(0));
     }
     assert_eq!(events(&daemons[3].lines(), "sweep_failed"), vec![]);
     assert_eq!(events(&daemons[0].lines(), "sweep_failed"), vec![]);

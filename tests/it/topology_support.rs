@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::TempDir;
+
 /// A loopback TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -29,24 +31,6 @@ pub async fn wait_listening(port: u16, what: &str) {
         assert!(Instant::now() < deadline, "{what} never listened on {port}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// A scratch directory readable by the unprivileged user (when root).
-pub fn scratch_dir(tag: &str, owner: Option<(u32, u32)>) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "lease-sweeper-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    fs::create_dir_all(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
-    }
-    dir
 }
 
 /// uid/gid of the `postgres` user when we are root (PgBouncer and
@@ -78,7 +62,7 @@ pub fn sbin(name: &str) -> PathBuf {
 pub struct Bouncer {
     pub port: u16,
     child: tokio::process::Child,
-    dir: PathBuf,
+    dir: TempDir,
 }
 
 impl Bouncer {
@@ -96,7 +80,7 @@ impl Bouncer {
         pool_size: u32,
     ) -> Self {
         let owner = unprivileged();
-        let dir = scratch_dir("pgbouncer", owner);
+        let dir = TempDir::shared("pgbouncer", owner);
         let port = free_port();
         fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n")).unwrap();
         fs::write(
@@ -127,7 +111,7 @@ impl Bouncer {
         }
         let mut cmd = tokio::process::Command::new(sbin("pgbouncer"));
         cmd.arg(dir.join("pgbouncer.ini"))
-            .current_dir(&dir)
+            .current_dir(&*dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(
@@ -152,8 +136,8 @@ impl Bouncer {
 
 impl Drop for Bouncer {
     fn drop(&mut self) {
+        // Its directory goes with `dir`.
         let _ = self.child.start_kill();
-        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -176,7 +160,8 @@ fn openssl(dir: &Path, args: &str) {
 /// Certificates made for one test: a CA, a server certificate it signed
 /// for `localhost` only, and an unrelated CA.
 pub struct Certs {
-    pub dir: PathBuf,
+    /// Where they are; removed with `Certs`.
+    _dir: TempDir,
     pub ca: PathBuf,
     pub wrong_ca: PathBuf,
     pub server_cert: PathBuf,
@@ -190,7 +175,7 @@ impl Certs {
     /// Makes them in a directory owned by `owner` (the server reads the key,
     /// which must be its own and 0600).
     pub fn make(owner: Option<(u32, u32)>) -> Self {
-        let dir = scratch_dir("tls", None);
+        let dir = TempDir::shared("tls", None);
         let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
         for (name, cn) in [
             ("ca", "lease-sweeper-test-CA"),
@@ -203,36 +188,35 @@ impl Certs {
                 ),
             );
         }
-        openssl(
-            &dir,
-            &format!("req {ec} -keyout server.key -out server.csr -subj /CN=localhost"),
-        );
-        fs::write(
-            dir.join("san.ext"),
-            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
-        )
-        .unwrap();
-        openssl(
-            &dir,
-            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
-             -out server.crt -days 2 -extfile san.ext",
-        );
-        openssl(
-            &dir,
-            &format!("req {ec} -keyout client.key -out client.csr -subj /CN=certuser"),
-        );
-        // X.509 v3 (extensions), which rustls requires of a client certificate
-        // too: without -extfile OpenSSL 3.0 signs a v1 certificate.
-        fs::write(
-            dir.join("client.ext"),
-            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
-        )
-        .unwrap();
-        openssl(
-            &dir,
-            "x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
-             -out client.crt -days 2 -extfile client.ext",
-        );
+        // Each leaf certificate: a key and a request for its CN, signed by
+        // `ca` with its extensions. X.509 v3 (extensions) for the client
+        // too, which rustls requires: without -extfile OpenSSL 3.0 signs a
+        // v1 certificate.
+        for (name, cn, ext) in [
+            (
+                "server",
+                "localhost",
+                "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+            ),
+            (
+                "client",
+                "certuser",
+                "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+            ),
+        ] {
+            openssl(
+                &dir,
+                &format!("req {ec} -keyout {name}.key -out {name}.csr -subj /CN={cn}"),
+            );
+            fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+            openssl(
+                &dir,
+                &format!(
+                    "x509 -req -in {name}.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+                     -out {name}.crt -days 2 -extfile {name}.ext"
+                ),
+            );
+        }
         for key in ["server.key", "client.key"] {
             fs::set_permissions(dir.join(key), fs::Permissions::from_mode(0o600)).unwrap();
         }
@@ -248,13 +232,7 @@ impl Certs {
             server_key: dir.join("server.key"),
             client_cert: dir.join("client.crt"),
             client_key: dir.join("client.key"),
-            dir,
+            _dir: dir,
         }
-    }
-}
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
     }
 }
