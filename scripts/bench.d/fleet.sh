@@ -48,7 +48,7 @@
 #   --results FILE     also append the table to FILE
 #   --keep             keep the work directory (every daemon's stdout, logs)
 # From scripts/bench, as its `fleet` step (its table lands in results.md):
-#   wants fleet && "$HERE/fleet.sh" --bin "$BIN" --results "$RESULTS"
+#   wants pgbouncer && "$HERE/fleet.sh" --bin "$BIN" --results "$RESULTS"
 # (with --quick, e.g. --daemons 50 --expire 5000 --idle-secs 10 --direct 20).
 # Environment: PG_BINDIR (server binaries), FLEET_WORK (work directory).
 # Needs: bash, python3, bc, PostgreSQL server binaries with contrib,
