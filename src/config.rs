@@ -5,7 +5,7 @@
 //! (never with its password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
-use crate::pg::target::{SessionAttrs, Target, process_env};
+use crate::libpq::{SessionAttrs, Target, process_env};
 
 /// Default StatsD agent address: the node-local agent of most pipelines.
 pub const DEFAULT_STATSD_HOST: &str = "127.0.0.1";
@@ -46,7 +46,7 @@ pub struct DbTarget {
 
 impl DbTarget {
     /// `LOCKDB_URL`, else `DATABASE_URL`, else libpq's `PG*` variables and
-    /// defaults (`crate::pg::target` has the rules).
+    /// defaults (`crate::libpq` has the rules).
     pub fn from_env() -> Result<Self, ConfigError> {
         for var in ["LOCKDB_URL", "DATABASE_URL"] {
             if let Some(url) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {

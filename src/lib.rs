@@ -6,11 +6,11 @@
 //! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
 //! - `sweep`: the two independent services (`lock_sweeper`, `job_reaper`)
 //!   and the one loop that runs each (`sweep::run`).
-//! - `pg`: targets and the host walk, connections, the schema, and each
-//!   table's statements.
+//! - `pg`: connections, the schema, and each table's statements.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` seam and its error), `model` (the
-//!   records), `config` (the environment), `shutdown` (signals), `progress`,
+//!   records), `config` (the environment) over `libpq` (libpq's target rules
+//!   and the host walk), `shutdown` (signals), `progress`,
 //!   `notify` and `heartbeat` (loop liveness for systemd and containers),
 //!   `throwaway` (a local PostgreSQL for the demo and the tests).
 
@@ -18,6 +18,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 mod heartbeat;
+pub mod libpq;
 pub mod model;
 mod notify;
 pub mod output;

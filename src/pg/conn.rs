@@ -1,7 +1,7 @@
 //! One managed connection per service, its transactions, and how database
 //! failures are told.
 //!
-//! Owns connecting (through the host walk of `pg::target`), the guards every
+//! Owns connecting (through the host walk of `libpq`), the guards every
 //! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order "report,
 //! then commit" of every batch, dropping a connection after any error so the
 //! next call walks the hosts again (a failover), and describing failures with
@@ -17,7 +17,7 @@ use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 use tracing::info;
 
 use crate::config::DbTarget;
-use crate::pg::target::{HostFailure, Role, WalkError};
+use crate::libpq::{HostFailure, Role, WalkError};
 use crate::store::{Report, StoreError, Work};
 
 // The two guards below are set with `SET LOCAL` at the start of every

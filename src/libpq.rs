@@ -9,7 +9,7 @@
 //! when it has the `target_session_attrs` asked for.
 //!
 //! It does not own session settings, retries, SQL of the sweeper or the
-//! wording of errors for operators (`db`), and it never logs.
+//! wording of errors for operators (`pg::conn`), and it never logs.
 //!
 //! sqlx's `PgConnectOptions` holds one host and reads some variables itself;
 //! this module resolves everything first and hands sqlx one host at a time
