@@ -13,6 +13,8 @@
 //! its own connection, and a pool hides a refused connection behind
 //! `PoolTimedOut` after 30 s.
 
+use std::time::Duration;
+
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 use tracing::info;
 
@@ -52,6 +54,72 @@ pub const BEGIN_GUARDED: &str = concat!(
     "; SET LOCAL idle_in_transaction_session_timeout = ",
     idle_in_transaction_timeout_ms!()
 );
+
+/// How long the daemon waits for an idle probe's answer (`probe_row`): the
+/// same bound as `STATEMENT_TIMEOUT_MS`, kept on the client side.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(30_000);
+
+/// Runs one idle probe: a read-only statement sent ALONE with the simple
+/// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
+/// spliced at compile time by `concat!` from named constants, no binds), and
+/// returns its one row. One round trip instead of `in_tx`'s four (BEGIN with
+/// its guards, Parse/Describe, Bind/Execute, COMMIT), which were most of an
+/// idle daemon's database CPU (docs/performance.md, section 6).
+///
+/// Why this is as safe as `in_tx`:
+/// - PgBouncer (transaction mode): the message is its own implicit
+///   transaction, answered by one server connection up to its ReadyForQuery;
+///   there is no Parse to lose between round trips and no prepared statement
+///   to mix up (docs/decisions.md §12). Nothing is set for the session.
+/// - No wedge without `SET LOCAL statement_timeout`: the probes take no
+///   row lock that waits (`EXISTS`, plain reads, and the held-count row only
+///   with `FOR UPDATE SKIP LOCKED`, so a recount in progress is skipped, never
+///   waited for). The one wait left is a table's ACCESS SHARE lock behind an
+///   ACCESS EXCLUSIVE one (DDL, `LOCK TABLE`); that wait, or a recount of a
+///   huge table, is bounded here on the client side by `PROBE_TIMEOUT`
+///   (30 s, as the server-side guard): the connection is dropped (which ends
+///   the statement when the server next writes to it) and the pass fails with
+///   an error naming the probe, so the loop moves on and the watchdog is fed.
+///   The guard is not sent in the same message (`SET LOCAL
+///   statement_timeout = …; SELECT …` would work, one implicit transaction)
+///   because it was measured to double the probe's server CPU (section 6).
+///
+/// Anything but exactly one row is an error, as `fetch_one`'s would be, not a
+/// silent first row.
+pub async fn probe_row(
+    conn: &mut PgConnection,
+    sql: &'static str,
+) -> Result<sqlx::postgres::PgRow, sqlx::Error> {
+    probe_row_within(conn, sql, PROBE_TIMEOUT).await
+}
+
+/// `probe_row` with its client-side bound given (tests use a short one).
+pub async fn probe_row_within(
+    conn: &mut PgConnection,
+    sql: &'static str,
+    within: Duration,
+) -> Result<sqlx::postgres::PgRow, sqlx::Error> {
+    let mut rows = match tokio::time::timeout(within, sqlx::raw_sql(sql).fetch_all(conn)).await {
+        Ok(rows) => rows?,
+        Err(_) => {
+            return Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer within {} ms (waiting behind a table lock such as DDL's?); \
+                     the connection is dropped and reopened",
+                    within.as_millis()
+                ),
+            )));
+        }
+    };
+    match rows.len() {
+        1 => Ok(rows.pop().expect("one row")),
+        0 => Err(sqlx::Error::RowNotFound),
+        n => Err(sqlx::Error::Decode(
+            format!("expected one row from the probe statement, got {n}").into(),
+        )),
+    }
+}
 
 /// The words for a server in recovery, whichever way it is met (the walk
 /// passes it over, or a statement fails with SQLSTATE 25006).
@@ -268,9 +336,11 @@ pub async fn report_then_commit<T>(
 }
 
 /// Runs `body` in one transaction opened with `BEGIN_GUARDED` and commits.
-/// The daemon sends nothing outside a transaction: behind PgBouncer in
-/// transaction mode, a statement's Parse and its Bind must reach the same
-/// server connection, which only a transaction guarantees.
+/// The daemon sends no extended-protocol statement outside a transaction:
+/// behind PgBouncer in transaction mode, a statement's Parse and its Bind
+/// must reach the same server connection, which only a transaction
+/// guarantees. (The idle probes, one simple-protocol message each, need no
+/// explicit transaction: `probe_row`.)
 pub async fn in_tx<T>(
     conn: &mut PgConnection,
     body: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
@@ -395,6 +465,15 @@ mod tests {
         assert_eq!(
             tls("Connection refused (os error 111)"),
             "error communicating with database: Connection refused (os error 111)"
+        );
+    }
+
+    #[test]
+    fn the_probes_wait_as_long_as_the_server_guard_would() {
+        assert_eq!(
+            PROBE_TIMEOUT.as_millis().to_string(),
+            STATEMENT_TIMEOUT_MS,
+            "PROBE_TIMEOUT and STATEMENT_TIMEOUT_MS are one bound"
         );
     }
 

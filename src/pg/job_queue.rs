@@ -11,16 +11,12 @@
 //! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
 //! ERROR line per job the database set aside (`job_set_aside`).
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row as _};
 
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, DryRunSummary, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::store::{Report, StoreError, Work};
-
-/// Why an apply would be refused by the gates right now (`{"reason", "refused"}`),
-/// or NULL when all three allow it. Reads three rows of `queue_setting`.
-pub const GATE_REFUSAL: &str = "SELECT fn_job_reaper_gate_refusal()::text";
 
 /// The read-only dry run: `$1` = limit (1..10000).
 pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
@@ -52,13 +48,6 @@ pub const SET_GATE: &str = "SELECT fn_queue_setting_set($1, $2, $3)::text";
 
 /// SQLSTATE `invalid_parameter_value`: how the setter says "rejected".
 pub const REJECTED_SQLSTATE: &str = "22023";
-
-pub async fn gate_refusal(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(GATE_REFUSAL)
-        .persistent(false)
-        .fetch_one(conn)
-        .await
-}
 
 pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(DRY_RUN)
@@ -104,8 +93,45 @@ pub async fn set_gate(
 }
 
 /// The dry run is asked for one job only when just the count is wanted:
-/// `stale_lease_count` counts every stale lease whatever the limit.
-const COUNT_DRY_RUN_LIMIT: i32 = 1;
+/// `stale_lease_count` counts every stale lease whatever the limit. A literal
+/// (macro) so the statements below carry it without building SQL at run time.
+macro_rules! count_dry_run_limit {
+    () => {
+        1
+    };
+}
+
+/// The job reaper's first question of every pass, in one simple-protocol
+/// round trip (`conn::probe_row`): the gates' refusal (NULL when they
+/// allow reaping) and, only when they refuse, the dry run behind the stale
+/// gauge, so a gated pass (the idle fleet's usual case) is this one
+/// statement. `MATERIALIZED` evaluates the gates once; the `CASE` skips the
+/// count when the pass is about to reap (it reads the gauge after applying).
+pub const GATES_THEN_STALE: &str = concat!(
+    "WITH g AS MATERIALIZED (SELECT fn_job_reaper_gate_refusal()::text AS refusal) ",
+    "SELECT refusal, CASE WHEN refusal IS NOT NULL ",
+    "THEN fn_job_reap_stale_leases_dry_run(",
+    count_dry_run_limit!(),
+    ")::text END AS dry_run FROM g"
+);
+
+/// The dry run behind the stale gauge after an apply pass, in one
+/// simple-protocol round trip (`conn::probe_row`).
+pub const STALE_COUNT: &str = concat!(
+    "SELECT fn_job_reap_stale_leases_dry_run(",
+    count_dry_run_limit!(),
+    ")::text"
+);
+
+/// What the gates say at the start of a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gates {
+    /// All three allow reaping.
+    Allow,
+    /// They refuse, for `reason`; `stale` is the stale-lease count read in
+    /// the same statement.
+    Refuse { reason: String, stale: u64 },
+}
 
 /// One apply call that did not fail.
 pub enum ApplyBatch {
@@ -127,29 +153,51 @@ impl PgJobQueue {
         }
     }
 
-    /// The gates' refusal reason, or `None` when they allow reaping.
-    pub async fn gate_refusal(&mut self) -> Result<Option<String>, StoreError> {
-        const WHAT: &str = "fn_job_reaper_gate_refusal";
+    /// The gates' refusal reason, or `None` when they allow reaping; with a
+    /// refusal, also the stale-lease count (nothing will be reaped, so it
+    /// stands for the pass). One statement: `GATES_THEN_STALE`.
+    pub async fn gates(&mut self) -> Result<Gates, StoreError> {
+        // The one statement calls both: a failure names both.
+        const WHAT: &str = "fn_job_reaper_gate_refusal, fn_job_reap_stale_leases_dry_run";
         let conn = self.db.conn().await?;
-        match conn::in_tx(conn, async |c| gate_refusal(c).await).await {
-            Ok(None) => Ok(None),
-            Ok(Some(text)) => decode::<ApplyReport>(WHAT, &text)
-                .map(|r| Some(r.reason.unwrap_or(text)))
-                .map_err(|f| self.db.batch_failed(f)),
-            Err(e) => Err(self.db.query_failed(WHAT, e)),
-        }
+        let answer = conn::probe_row(conn, GATES_THEN_STALE)
+            .await
+            .and_then(|row| {
+                Ok((
+                    row.try_get::<Option<String>, _>(0)?,
+                    row.try_get::<Option<String>, _>(1)?,
+                ))
+            });
+        let (refusal, dry_run) = answer.map_err(|e| self.db.query_failed(WHAT, e))?;
+        let Some(text) = refusal else {
+            return Ok(Gates::Allow);
+        };
+        let reason = decode::<ApplyReport>("fn_job_reaper_gate_refusal", &text)
+            .map(|r| r.reason.unwrap_or_else(|| text.clone()))
+            .map_err(|f| self.db.batch_failed(f))?;
+        let stale = match dry_run {
+            Some(json) => self.decode_stale(&json)?,
+            // The gates refused but the count is missing: ask for it alone.
+            None => self.stale_count().await?,
+        };
+        Ok(Gates::Refuse { reason, stale })
     }
 
-    /// Stale job leases right now, by the dry run.
+    /// Stale job leases right now, by the dry run (`STALE_COUNT`).
     pub async fn stale_count(&mut self) -> Result<u64, StoreError> {
         const WHAT: &str = "fn_job_reap_stale_leases_dry_run";
         let conn = self.db.conn().await?;
-        match conn::in_tx(conn, async |c| dry_run(c, COUNT_DRY_RUN_LIMIT).await).await {
-            Ok(text) => decode::<DryRunSummary>(WHAT, &text)
-                .map(|s| s.stale_lease_count)
-                .map_err(|f| self.db.batch_failed(f)),
-            Err(e) => Err(self.db.query_failed(WHAT, e)),
-        }
+        let text = conn::probe_row(conn, STALE_COUNT)
+            .await
+            .and_then(|row| row.try_get::<String, _>(0))
+            .map_err(|e| self.db.query_failed(WHAT, e))?;
+        self.decode_stale(&text)
+    }
+
+    fn decode_stale(&mut self, text: &str) -> Result<u64, StoreError> {
+        decode::<DryRunSummary>("fn_job_reap_stale_leases_dry_run", text)
+            .map(|s| s.stale_lease_count)
+            .map_err(|f| self.db.batch_failed(f))
     }
 
     /// Applies one batch of at most `limit` jobs as `actor`; `report` writes
@@ -212,4 +260,27 @@ fn decode<'a, T: serde::Deserialize<'a>>(
 ) -> Result<T, BatchFailure> {
     serde_json::from_str(text)
         .map_err(|e| BatchFailure::Decode(query, format!("unexpected JSON ({e}): {text}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COUNT_DRY_RUN_LIMIT: i32 = count_dry_run_limit!();
+
+    #[test]
+    fn the_idle_statements_carry_the_named_limit() {
+        assert_eq!(
+            GATES_THEN_STALE,
+            format!(
+                "WITH g AS MATERIALIZED (SELECT fn_job_reaper_gate_refusal()::text AS refusal) \
+                 SELECT refusal, CASE WHEN refusal IS NOT NULL \
+                 THEN fn_job_reap_stale_leases_dry_run({COUNT_DRY_RUN_LIMIT})::text END AS dry_run FROM g"
+            )
+        );
+        assert_eq!(
+            STALE_COUNT,
+            format!("SELECT fn_job_reap_stale_leases_dry_run({COUNT_DRY_RUN_LIMIT})::text")
+        );
+    }
 }

@@ -6,8 +6,8 @@
 //! transactions, retries or logging: `lock_store` runs these inside the
 //! batch transaction.
 
-use sqlx::PgConnection;
 use sqlx::postgres::types::PgInterval;
+use sqlx::{PgConnection, Row as _};
 
 use crate::model::{ExpiredLease, ReapedBy};
 
@@ -53,9 +53,15 @@ SELECT lock_key, owner_id, token, late, now_micros, next_page
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired, is any takeover recorded, and the
-/// shared held count at most `$1` ms old (NULL when something is expired:
-/// the sweep reads it after deleting).
-pub const SWEEP_PROBE: &str = "SELECT expired, takeovers, held FROM lock_sweep_probe($1)";
+/// shared held count at most `HELD_COUNT_MAX_AGE` old (NULL when something
+/// is expired: the sweep reads it after deleting). Sent alone with the
+/// simple protocol (`conn::probe_row`): one round trip, the argument a
+/// compile-time literal.
+pub const SWEEP_PROBE: &str = concat!(
+    "SELECT expired, takeovers, held FROM lock_sweep_probe(",
+    crate::pg::lock_store::held_count_max_age_ms!(),
+    ")"
+);
 
 /// Leases currently held, expired-but-unswept ones included, from the count
 /// the fleet shares (`lock_held_count_get` in `migrations/`): one primary-key
@@ -188,15 +194,13 @@ pub async fn reap_expired_walk(
     Ok((leases, next_page))
 }
 
+/// `SWEEP_PROBE`'s answer: (expired, takeovers, held). Its values come as
+/// text (simple protocol), which sqlx decodes for these types.
 pub async fn sweep_probe(
     conn: &mut PgConnection,
-    max_age_millis: i64,
 ) -> Result<(bool, bool, Option<i64>), sqlx::Error> {
-    sqlx::query_as(SWEEP_PROBE)
-        .persistent(false)
-        .bind(max_age_millis)
-        .fetch_one(conn)
-        .await
+    let row = crate::pg::conn::probe_row(conn, SWEEP_PROBE).await?;
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
 }
 
 /// The shared held-lease count, at most `max_age_millis` old (plus one
@@ -210,4 +214,21 @@ pub async fn held_count(
         .bind(max_age_millis)
         .fetch_one(conn)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg::lock_store::HELD_COUNT_MAX_AGE;
+
+    #[test]
+    fn the_probe_carries_the_named_max_age() {
+        assert_eq!(
+            SWEEP_PROBE,
+            format!(
+                "SELECT expired, takeovers, held FROM lock_sweep_probe({})",
+                HELD_COUNT_MAX_AGE.as_millis()
+            )
+        );
+    }
 }

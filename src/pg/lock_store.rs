@@ -28,7 +28,16 @@ type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 /// seconds is the flush interval of Etsy statsd and the Datadog agent, so a
 /// fresher count would never be seen; the recount is a full scan, done once
 /// per interval by one daemon of the whole fleet (docs/performance.md).
-pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_secs(10);
+pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
+
+/// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
+/// (`lock_entry::SWEEP_PROBE`) can carry it without building SQL at run time.
+macro_rules! held_count_max_age_ms {
+    () => {
+        10000
+    };
+}
+pub(crate) use held_count_max_age_ms;
 
 pub struct PgLockStore {
     db: Db,
@@ -176,11 +185,11 @@ impl PgLockStore {
         }
     }
 
-    /// Asks whether anything expired or was taken over, and the shared count.
+    /// Asks whether anything expired or was taken over, and the shared count:
+    /// one simple-protocol round trip (`conn::probe_row`).
     async fn probe(&mut self) -> Result<Probe, StoreError> {
-        let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
         let conn = self.db.conn().await?;
-        match conn::in_tx(conn, async |c| locks::sweep_probe(c, max_age).await).await {
+        match locks::sweep_probe(conn).await {
             Ok((expired, takeovers, held)) => Ok(Probe {
                 takeovers,
                 held,

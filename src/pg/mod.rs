@@ -16,6 +16,8 @@
 //! server connection that never saw it, or saw another client's statement
 //! under that name; outside a transaction even an unnamed statement's Parse
 //! and Bind may reach different server connections (docs/topologies.md).
+//! The exception is the idle probes: one simple-protocol message each
+//! (`conn::probe_row`), which is its own implicit transaction.
 
 pub mod conn;
 pub mod job_queue;

@@ -20,7 +20,7 @@ use tracing::info;
 use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
-use crate::pg::job_queue::{ApplyBatch, PgJobQueue};
+use crate::pg::job_queue::{ApplyBatch, Gates, PgJobQueue};
 use crate::store::StoreError;
 use crate::sweep::{Drain, SWEEP_DELAY, Service};
 
@@ -92,7 +92,11 @@ impl JobReaper {
         cancel: &CancellationToken,
     ) -> Result<JobOutcome, StoreError> {
         let mut outcome = JobOutcome::default();
-        let mut refusal = self.queue.gate_refusal().await?;
+        // One statement when the gates refuse: their reason and the gauge.
+        let (mut refusal, stale) = match self.queue.gates().await? {
+            Gates::Allow => (None, None),
+            Gates::Refuse { reason, stale } => (Some(reason), Some(stale)),
+        };
         let mut drain = Drain::new(JOB_BATCH_SIZE as usize);
         while refusal.is_none() && drain.go_on(cancel) {
             self.note_gate(None);
@@ -106,6 +110,7 @@ impl JobReaper {
                 .await?
             {
                 ApplyBatch::Refused(reason) => {
+                    // Closed since they were read: the gauge is read below.
                     refusal = Some(reason);
                     drain.stop();
                 }
@@ -132,7 +137,10 @@ impl JobReaper {
             self.note_gate(Some(reason));
         }
         outcome.refused = refusal;
-        outcome.stale = self.queue.stale_count().await?;
+        outcome.stale = match stale {
+            Some(stale) => stale,
+            None => self.queue.stale_count().await?,
+        };
         self.metrics.stale_jobs_current(BACKEND, outcome.stale);
         Ok(outcome)
     }

@@ -17,6 +17,7 @@ mod liveness;
 mod privilege;
 mod reap_walk;
 mod services;
+mod simple_probe;
 mod support;
 mod sweep;
 mod systemd;

@@ -1,0 +1,76 @@
+//! The idle probes sent alone with the simple query protocol, outside any
+//! explicit transaction (`conn::probe_row`): their answers decode from text,
+//! a gated job pass reads its refusal and its gauge in one statement, and the
+//! client-side bound ends a probe stuck behind a table lock. Through
+//! PgBouncer: `topology`.
+
+use std::time::{Duration, Instant};
+
+use lease_sweeper::pg::conn::{self, PROBE_TIMEOUT};
+use lease_sweeper::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+use lease_sweeper::pg::lock_entry::{self as locks, SWEEP_PROBE};
+
+use crate::support::{TestDb, insert_expired};
+
+#[tokio::test]
+async fn the_sweep_probe_answers_in_text_what_the_daemon_decodes() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    assert_eq!(
+        locks::sweep_probe(&mut conn).await.unwrap(),
+        (false, false, Some(0))
+    );
+    insert_expired(&mut conn, "probe-", 3, 1_000).await;
+    // Something expired: no count (the sweep reads it after deleting).
+    assert_eq!(
+        locks::sweep_probe(&mut conn).await.unwrap(),
+        (true, false, None)
+    );
+}
+
+#[tokio::test]
+async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
+    let db = TestDb::new().await;
+    let mut queue = PgJobQueue::new(db.target());
+    // A fresh schema's gates refuse (the substrate is off by default).
+    match queue.gates().await.unwrap() {
+        Gates::Refuse { reason, stale } => {
+            assert_eq!(reason, "queue.job_substrate.enabled=false");
+            assert_eq!(stale, 0);
+        }
+        Gates::Allow => panic!("a fresh schema's gates allowed reaping"),
+    }
+    assert_eq!(queue.stale_count().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_probe_behind_a_table_lock_fails_at_its_bound_instead_of_waiting() {
+    assert_eq!(PROBE_TIMEOUT, Duration::from_secs(30));
+    let db = TestDb::new().await;
+    let mut blocker = db.connect().await;
+    sqlx::raw_sql("BEGIN; LOCK TABLE lock_entry, job_queue IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    for probe in [SWEEP_PROBE, GATES_THEN_STALE, STALE_COUNT] {
+        let mut conn = db.connect().await;
+        let started = Instant::now();
+        let err = conn::probe_row_within(&mut conn, probe, Duration::from_millis(300))
+            .await
+            .expect_err(probe);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{probe}: {took:?}"
+        );
+        let text = conn::describe(&err);
+        assert!(text.contains("no answer within 300 ms"), "{text}");
+    }
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    // Unblocked, a new connection answers at once.
+    let mut conn = db.connect().await;
+    assert!(locks::sweep_probe(&mut conn).await.is_ok());
+}
