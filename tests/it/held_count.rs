@@ -13,7 +13,7 @@ use lease_sweeper::sweep::lock_sweeper::LockSweeper;
 use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{StatsdCapture, TestDb, count, insert_expired};
+use crate::support::{StatsdCapture, TestDb, assert_fails_with, count, insert_expired};
 
 async fn live(conn: &mut PgConnection, prefix: &str, n: i64) {
     sqlx::query(
@@ -155,22 +155,6 @@ async fn the_sweeper_role_reads_the_count_only_through_the_function() {
         .await
         .unwrap();
     assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (2, true));
-    let err = sqlx::query("UPDATE lock_held_count SET held = 0")
-        .execute(&mut conn)
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("42501"),
-        "{err}"
-    );
-    let err = sqlx::query("SELECT * FROM lock_held_count_get(-1)")
-        .execute(&mut conn)
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("22023"),
-        "{err}"
-    );
+    assert_fails_with(&mut conn, "UPDATE lock_held_count SET held = 0", "42501").await;
+    assert_fails_with(&mut conn, "SELECT * FROM lock_held_count_get(-1)", "22023").await;
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, LoginRole, StatsdCapture, TestDb, count, events, exec, insert_expired,
-    insert_stale_jobs, open_gates, own_cluster, run_binary, wait_until,
+    Daemon, LoginRole, StatsdCapture, TestDb, assert_fails_with, count, events, exec,
+    insert_expired, insert_stale_jobs, open_gates, own_cluster, run_binary, wait_until,
 };
 
 /// Overloads a role allowed to CREATE in `public` plants so that an
@@ -232,14 +232,12 @@ async fn a_lock_server_without_outbox_privileges_records_takeovers_and_its_temp_
         .unwrap();
     assert_eq!(swallowed, 0, "the temp table got nothing");
     // It cannot forge one either.
-    let err = sqlx::raw_sql("INSERT INTO public.lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)")
-        .execute(&mut server)
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.as_database_error().and_then(|e| e.code()).as_deref(),
-        Some("42501")
-    );
+    assert_fails_with(
+        &mut server,
+        "INSERT INTO public.lock_expiry_outbox (lock_key, owner_id, token, expires_at, new_token) VALUES ('forged', 'x', 1, now(), 2)",
+        "42501",
+    )
+    .await;
     server.close().await.unwrap();
     let drained: Vec<String> =
         sqlx::query_scalar("SELECT lock_key FROM lock_drain_takeovers(10) ORDER BY 1")

@@ -11,7 +11,7 @@ use lease_sweeper::pg::lock_store::PgLockStore;
 use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{StatsdCapture, TestDb, count, events};
+use crate::support::{StatsdCapture, TestDb, assert_fails_with, count, events};
 
 #[tokio::test]
 async fn a_backlog_walk_reports_the_same_millis_as_the_database_for_every_lease() {
@@ -87,14 +87,6 @@ async fn the_walk_refuses_a_null_or_negative_limit_or_a_null_page() {
         "SELECT * FROM lock_reap_expired_walk(-5, 0)",
         "SELECT * FROM lock_reap_expired_walk(10, NULL)",
     ] {
-        let err = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&mut conn)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.as_database_error().and_then(|e| e.code()).as_deref(),
-            Some("22023"),
-            "{sql}: {err}"
-        );
+        assert_fails_with(&mut conn, sql, "22023").await;
     }
 }

@@ -857,3 +857,16 @@ pub async fn run_binary(args: &[&str], url: &str) -> (Option<i32>, String) {
     let (code, _) = d.wait_exit(Duration::from_secs(60)).await;
     (code, d.lines().join("\n"))
 }
+
+/// Runs `sql`, which must fail, and asserts its SQLSTATE is `code`.
+pub async fn assert_fails_with(conn: &mut PgConnection, sql: &'static str, code: &str) {
+    let err = sqlx::raw_sql(sql)
+        .execute(conn)
+        .await
+        .expect_err(&format!("{sql} should fail with SQLSTATE {code}"));
+    assert_eq!(
+        err.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some(code),
+        "{sql}: {err}"
+    );
+}
