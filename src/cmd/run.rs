@@ -74,7 +74,7 @@ pub async fn run() -> anyhow::Result<()> {
             shutdown.clone()
         ),
     );
+    // Each loop flushed StatsD as it stopped.
     notifier.stopping();
-    metrics.flush().await;
     Ok(())
 }

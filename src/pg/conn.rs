@@ -29,22 +29,22 @@ use crate::store::{Report, StoreError, Work};
 // parameter outright.
 macro_rules! statement_timeout_ms {
     () => {
-        "30000"
+        30000
     };
 }
 macro_rules! idle_in_transaction_timeout_ms {
     () => {
-        "60000"
+        60000
     };
 }
 
 /// Server-side guard for any one statement: a wedged query is cancelled by
 /// PostgreSQL and reported as an error instead of stopping the sweep loop.
-pub const STATEMENT_TIMEOUT_MS: &str = statement_timeout_ms!();
+pub const STATEMENT_TIMEOUT_MS: &str = concat!(statement_timeout_ms!());
 
 /// A transaction left open (say, stdout blocked while lines are written) is
 /// ended by the server, releasing its row locks for other replicas.
-pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = idle_in_transaction_timeout_ms!();
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = concat!(idle_in_transaction_timeout_ms!());
 
 /// How every transaction of the daemon starts: one simple-protocol round
 /// trip that opens it and sets both guards for it alone.
@@ -57,7 +57,7 @@ pub const BEGIN_GUARDED: &str = concat!(
 
 /// How long the daemon waits for an idle probe's answer (`probe_row`): the
 /// same bound as `STATEMENT_TIMEOUT_MS`, kept on the client side.
-pub const PROBE_TIMEOUT: Duration = Duration::from_millis(30_000);
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(statement_timeout_ms!());
 
 /// Runs one idle probe: a read-only statement sent ALONE with the simple
 /// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
