@@ -43,11 +43,7 @@ pub fn follow(path: PathBuf, mut progress: Watcher, shutdown: CancellationToken)
     info!(file = %path.display(), "heartbeat_enabled");
     tokio::spawn(async move {
         let mut failing = false;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                changed = progress.changed() => if changed.is_none() { break },
-            }
+        while progress.next(&shutdown).await {
             if !progress.all_moved() {
                 continue;
             }

@@ -68,11 +68,7 @@ impl Notifier {
     pub fn follow(&self, mut progress: Watcher, ready_slot: usize, shutdown: CancellationToken) {
         let this = self.clone();
         tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    changed = progress.changed() => if changed.is_none() { break },
-                }
+            while progress.next(&shutdown).await {
                 if !this.state.ready.load(Ordering::SeqCst) {
                     if progress.passes(ready_slot) > 0 {
                         this.ready();

@@ -8,6 +8,7 @@
 //! does not decide what a pass is (`sweep`) nor whom to tell (`notify`).
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The counters of every registered loop. Cheap to clone.
 #[derive(Clone)]
@@ -62,10 +63,13 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Waits for the next beat of any loop; `None` once every `Beat` and the
-    /// `Progress` are gone.
-    pub async fn changed(&mut self) -> Option<()> {
-        self.rx.changed().await.ok()
+    /// Waits for the next beat of any loop: `false` once `shutdown` fires or
+    /// every `Beat` and the `Progress` are gone (the follower should stop).
+    pub async fn next(&mut self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            () = shutdown.cancelled() => false,
+            changed = self.rx.changed() => changed.is_ok(),
+        }
     }
 
     /// Passes of loop `slot` so far.
