@@ -40,11 +40,21 @@ pub enum Format {
 }
 
 impl Format {
+    /// `--json` or not, for stdout: a table, else JSON indented on a terminal.
     fn for_stdout(json: bool) -> Self {
-        match (json, io::stdout().is_terminal()) {
-            (false, _) => Format::Table,
-            (true, false) => Format::Json,
-            (true, true) => Format::PrettyJson,
+        if json {
+            Self::json(io::stdout().is_terminal())
+        } else {
+            Format::Table
+        }
+    }
+
+    /// The JSON, indented when `pretty`.
+    fn json(pretty: bool) -> Self {
+        if pretty {
+            Format::PrettyJson
+        } else {
+            Format::Json
         }
     }
 }
@@ -81,16 +91,6 @@ pub async fn run_gates(
     pretty: bool,
 ) -> anyhow::Result<ExitCode> {
     run_gates_as(target, args, out, Format::json(pretty)).await
-}
-
-impl Format {
-    fn json(pretty: bool) -> Self {
-        if pretty {
-            Format::PrettyJson
-        } else {
-            Format::Json
-        }
-    }
 }
 
 /// `jobs …` against `target`, printing to `out` (the testable core).
