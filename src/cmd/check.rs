@@ -362,30 +362,33 @@ async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
 async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
     lines.push(migrations(conn, redactor).await);
     for object in EXPECTED {
-        lines.push(
-            crate::pg::conn::in_tx(conn, async |c| exists(c, *object).await)
-                .await
-                .unwrap_or_else(|e| query_failed(object.to_string(), redactor, &e)),
-        );
+        let what = object.to_string();
+        lines.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
     }
     for grant in GRANTS {
         let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
-        lines.push(
-            crate::pg::conn::in_tx(conn, async |c| granted(c, grant, &what).await)
-                .await
-                .unwrap_or_else(|e| query_failed(what, redactor, &e)),
-        );
+        let line = checked(conn, redactor, what.clone(), async |c| {
+            granted(c, grant, &what).await
+        });
+        lines.push(line.await);
     }
-    lines.push(
-        crate::pg::conn::in_tx(conn, async |c| definer_owners(c).await)
-            .await
-            .unwrap_or_else(|e| query_failed(DEFINER_OWNERS.into(), redactor, &e)),
-    );
-    lines.push(
-        crate::pg::conn::in_tx(conn, async |c| planted_overloads(c).await)
-            .await
-            .unwrap_or_else(|e| query_failed(PLANTED.into(), redactor, &e)),
-    );
+    let owners = checked(conn, redactor, DEFINER_OWNERS.into(), definer_owners).await;
+    lines.push(owners);
+    let planted = checked(conn, redactor, PLANTED.into(), planted_overloads).await;
+    lines.push(planted);
+}
+
+/// One check in its own guarded transaction (PgBouncer-safe, `in_tx`); a
+/// query that fails becomes its FAIL line, named `what`.
+async fn checked(
+    conn: &mut PgConnection,
+    redactor: &Redactor,
+    what: String,
+    check: impl AsyncFnOnce(&mut PgConnection) -> Result<Line, sqlx::Error>,
+) -> Line {
+    crate::pg::conn::in_tx(conn, check)
+        .await
+        .unwrap_or_else(|e| query_failed(what, redactor, &e))
 }
 
 const DEFINER_OWNERS: &str = "definer functions' owner";
