@@ -69,12 +69,11 @@ impl Notifier {
         let this = self.clone();
         tokio::spawn(async move {
             while progress.next(&shutdown).await {
-                if !this.state.ready.load(Ordering::SeqCst) {
-                    if progress.passes(ready_slot) > 0 {
-                        this.ready();
-                    }
-                } else if progress.all_moved() {
-                    this.send(&[NotifyState::Watchdog]);
+                let ready = this.state.ready.load(Ordering::SeqCst);
+                match after_beat(ready, &mut progress, ready_slot) {
+                    Some(Say::Ready) => this.ready(),
+                    Some(Say::Watchdog) => this.send(&[NotifyState::Watchdog]),
+                    None => {}
                 }
             }
             this.stopping();
@@ -115,7 +114,64 @@ impl Notifier {
     }
 }
 
+/// What a beat of some loop gives systemd to hear.
+#[derive(Debug, PartialEq, Eq)]
+enum Say {
+    /// `READY=1`, which carries `WATCHDOG=1` too.
+    Ready,
+    Watchdog,
+}
+
+/// The rule of `follow`: READY once loop `ready_slot` has finished a pass,
+/// then a ping each time every loop has moved since the last message. The
+/// READY message is a ping too, so it restarts the count: the next ping
+/// waits for every loop to move after it rather than counting the first
+/// lock pass twice.
+fn after_beat(ready: bool, progress: &mut Watcher, ready_slot: usize) -> Option<Say> {
+    if !ready {
+        if progress.passes(ready_slot) == 0 {
+            return None;
+        }
+        progress.restart();
+        return Some(Say::Ready);
+    }
+    progress.all_moved().then_some(Say::Watchdog)
+}
+
 /// The watchdog interval systemd asked for (`WATCHDOG_USEC`), if any.
 pub fn watchdog() -> Option<Duration> {
     sd_notify::watchdog_enabled()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::Progress;
+
+    #[test]
+    fn after_ready_the_first_ping_waits_for_every_loop_to_move_again() {
+        let progress = Progress::new(2);
+        let (locks, jobs) = (progress.beat(0), progress.beat(1));
+        let mut watcher = progress.watch();
+
+        jobs.beat();
+        assert_eq!(
+            after_beat(false, &mut watcher, 0),
+            None,
+            "no lock sweep yet"
+        );
+        locks.beat();
+        assert_eq!(after_beat(false, &mut watcher, 0), Some(Say::Ready));
+        // Both loops have one pass, but the lock loop's was already pinged
+        // with READY: a second ping now would claim a pass that did not run.
+        jobs.beat();
+        assert_eq!(after_beat(true, &mut watcher, 0), None);
+        locks.beat();
+        assert_eq!(after_beat(true, &mut watcher, 0), Some(Say::Watchdog));
+        assert_eq!(
+            after_beat(true, &mut watcher, 0),
+            None,
+            "nothing moved since"
+        );
+    }
 }

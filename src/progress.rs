@@ -77,8 +77,15 @@ impl Watcher {
         self.rx.borrow()[slot]
     }
 
-    /// True when every loop has finished a pass since the last `true`; then
-    /// starts counting afresh.
+    /// Counts afresh from now, as a `true` from `all_moved` would: for a
+    /// signal sent on other grounds that is still a watchdog ping (systemd's
+    /// READY=1 carries WATCHDOG=1), so the next ping waits for every loop.
+    pub fn restart(&mut self) {
+        self.seen = self.rx.borrow().clone();
+    }
+
+    /// True when every loop has finished a pass since the last `true` (or
+    /// `restart`); then starts counting afresh.
     pub fn all_moved(&mut self) -> bool {
         let now = self.rx.borrow().clone();
         let moved = now.iter().zip(&self.seen).all(|(n, s)| n > s);

@@ -137,7 +137,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     let failed_sweeps: u64 = recovered[0]["failedSweeps"].parse().unwrap();
     assert!(
         failed_sweeps >= 3,
-        "logged once over {failed_sweeps} failed sweeps"
+        "logged once over {failed_sweeps} failed sweeps: {lines:#?}"
     );
     assert_eq!(code, Some(0));
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
