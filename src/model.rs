@@ -110,9 +110,3 @@ pub struct JobAction {
 pub struct DeadLetter {
     pub dead_letter_id: String,
 }
-
-/// The part of the dry run the daemon reads.
-#[derive(Debug, Clone, Deserialize)]
-pub struct DryRunSummary {
-    pub stale_lease_count: u64,
-}

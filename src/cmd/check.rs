@@ -102,6 +102,8 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("fn_job_reap_stale_leases_dry_run"),
     Object::Function("fn_job_reap_stale_leases_apply"),
     Object::Function("fn_queue_setting_set"),
+    // The stale gauge alone (migrations/20261130000400_…).
+    Object::Function("fn_job_stale_lease_count"),
 ];
 
 /// A privilege the daemon's role needs, and why.
@@ -171,6 +173,11 @@ pub const GRANTS: &[Grant] = &[
     },
     Grant {
         on: Object::Function("fn_job_reap_stale_leases_dry_run"),
+        privileges: &["EXECUTE"],
+        why: "lease-sweeper jobs dry-run",
+    },
+    Grant {
+        on: Object::Function("fn_job_stale_lease_count"),
         privileges: &["EXECUTE"],
         why: "the queue.lease.stale.current gauge",
     },

@@ -14,7 +14,7 @@
 use sqlx::{PgConnection, Row as _};
 
 use crate::config::DbTarget;
-use crate::model::{ApplyReport, DryRunSummary, JobAction, SetAsideJob};
+use crate::model::{ApplyReport, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::store::{Report, StoreError, Work};
 
@@ -92,36 +92,22 @@ pub async fn set_gate(
         .await
 }
 
-/// The dry run is asked for one job only when just the count is wanted:
-/// `stale_lease_count` counts every stale lease whatever the limit. A literal
-/// (macro) so the statements below carry it without building SQL at run time.
-macro_rules! count_dry_run_limit {
-    () => {
-        1
-    };
-}
-
 /// The job reaper's first question of every pass, in one simple-protocol
 /// round trip (`conn::probe_row`): the gates' refusal (NULL when they
-/// allow reaping) and, only when they refuse, the dry run behind the stale
-/// gauge, so a gated pass (the idle fleet's usual case) is this one
-/// statement. `MATERIALIZED` evaluates the gates once; the `CASE` skips the
-/// count when the pass is about to reap (it reads the gauge after applying).
-pub const GATES_THEN_STALE: &str = concat!(
-    "WITH g AS MATERIALIZED (SELECT fn_job_reaper_gate_refusal()::text AS refusal) ",
-    "SELECT refusal, CASE WHEN refusal IS NOT NULL ",
-    "THEN fn_job_reap_stale_leases_dry_run(",
-    count_dry_run_limit!(),
-    ")::text END AS dry_run FROM g"
-);
+/// allow reaping) and, only when they refuse, the stale-lease count behind
+/// the gauge, so a gated pass (the idle fleet's usual case) is this one
+/// statement. Both are PL/pgSQL functions whose plans the session caches
+/// (migration 20261130000400: the SQL-language gate rule and the dry run's
+/// JSON were two thirds of an idle daemon's database CPU). The `CASE` skips
+/// the count when the pass is about to reap (it reads the gauge after
+/// applying).
+pub const GATES_THEN_STALE: &str = "SELECT r::text AS refusal, \
+     CASE WHEN r IS NOT NULL THEN fn_job_stale_lease_count() END AS stale \
+     FROM fn_job_reaper_gate_refusal() AS r";
 
-/// The dry run behind the stale gauge after an apply pass, in one
+/// The stale-lease count behind the gauge after an apply pass, in one
 /// simple-protocol round trip (`conn::probe_row`).
-pub const STALE_COUNT: &str = concat!(
-    "SELECT fn_job_reap_stale_leases_dry_run(",
-    count_dry_run_limit!(),
-    ")::text"
-);
+pub const STALE_COUNT: &str = "SELECT fn_job_stale_lease_count()";
 
 /// What the gates say at the start of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,46 +144,40 @@ impl PgJobQueue {
     /// stands for the pass). One statement: `GATES_THEN_STALE`.
     pub async fn gates(&mut self) -> Result<Gates, StoreError> {
         // The one statement calls both: a failure names both.
-        const WHAT: &str = "fn_job_reaper_gate_refusal, fn_job_reap_stale_leases_dry_run";
+        const WHAT: &str = "fn_job_reaper_gate_refusal, fn_job_stale_lease_count";
         let conn = self.db.conn().await?;
         let answer = conn::probe_row(conn, GATES_THEN_STALE)
             .await
             .and_then(|row| {
                 Ok((
                     row.try_get::<Option<String>, _>(0)?,
-                    row.try_get::<Option<String>, _>(1)?,
+                    row.try_get::<Option<i64>, _>(1)?,
                 ))
             });
-        let (refusal, dry_run) = answer.map_err(|e| self.db.query_failed(WHAT, e))?;
+        let (refusal, stale) = answer.map_err(|e| self.db.query_failed(WHAT, e))?;
         let Some(text) = refusal else {
             return Ok(Gates::Allow);
         };
         let reason = decode::<ApplyReport>("fn_job_reaper_gate_refusal", &text)
             .map(|r| r.reason.unwrap_or_else(|| text.clone()))
             .map_err(|f| self.db.batch_failed(f))?;
-        let stale = match dry_run {
-            Some(json) => self.decode_stale(&json)?,
+        let stale = match stale {
+            Some(n) => count(n),
             // The gates refused but the count is missing: ask for it alone.
             None => self.stale_count().await?,
         };
         Ok(Gates::Refuse { reason, stale })
     }
 
-    /// Stale job leases right now, by the dry run (`STALE_COUNT`).
+    /// Stale job leases right now (`STALE_COUNT`).
     pub async fn stale_count(&mut self) -> Result<u64, StoreError> {
-        const WHAT: &str = "fn_job_reap_stale_leases_dry_run";
+        const WHAT: &str = "fn_job_stale_lease_count";
         let conn = self.db.conn().await?;
-        let text = conn::probe_row(conn, STALE_COUNT)
+        conn::probe_row(conn, STALE_COUNT)
             .await
-            .and_then(|row| row.try_get::<String, _>(0))
-            .map_err(|e| self.db.query_failed(WHAT, e))?;
-        self.decode_stale(&text)
-    }
-
-    fn decode_stale(&mut self, text: &str) -> Result<u64, StoreError> {
-        decode::<DryRunSummary>("fn_job_reap_stale_leases_dry_run", text)
-            .map(|s| s.stale_lease_count)
-            .map_err(|f| self.db.batch_failed(f))
+            .and_then(|row| row.try_get::<i64, _>(0))
+            .map(count)
+            .map_err(|e| self.db.query_failed(WHAT, e))
     }
 
     /// Applies one batch of at most `limit` jobs as `actor`; `report` writes
@@ -254,33 +234,15 @@ fn log_set_aside(jobs: &[SetAsideJob]) {
     }
 }
 
+/// A count from PostgreSQL (`bigint`, never negative) as the gauge's `u64`.
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
 fn decode<'a, T: serde::Deserialize<'a>>(
     query: &'static str,
     text: &'a str,
 ) -> Result<T, BatchFailure> {
     serde_json::from_str(text)
         .map_err(|e| BatchFailure::Decode(query, format!("unexpected JSON ({e}): {text}")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const COUNT_DRY_RUN_LIMIT: i32 = count_dry_run_limit!();
-
-    #[test]
-    fn the_idle_statements_carry_the_named_limit() {
-        assert_eq!(
-            GATES_THEN_STALE,
-            format!(
-                "WITH g AS MATERIALIZED (SELECT fn_job_reaper_gate_refusal()::text AS refusal) \
-                 SELECT refusal, CASE WHEN refusal IS NOT NULL \
-                 THEN fn_job_reap_stale_leases_dry_run({COUNT_DRY_RUN_LIMIT})::text END AS dry_run FROM g"
-            )
-        );
-        assert_eq!(
-            STALE_COUNT,
-            format!("SELECT fn_job_reap_stale_leases_dry_run({COUNT_DRY_RUN_LIMIT})::text")
-        );
-    }
 }

@@ -10,7 +10,7 @@ use lease_sweeper::pg::conn::{self, PROBE_TIMEOUT};
 use lease_sweeper::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
 use lease_sweeper::pg::lock_entry::{self as locks, SWEEP_PROBE};
 
-use crate::support::{TestDb, insert_expired};
+use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};
 
 #[tokio::test]
 async fn the_sweep_probe_answers_in_text_what_the_daemon_decodes() {
@@ -41,6 +41,31 @@ async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
         Gates::Allow => panic!("a fresh schema's gates allowed reaping"),
     }
     assert_eq!(queue.stale_count().await.unwrap(), 0);
+
+    // The gauge counts what the dry run counts: stale leases only, not a
+    // live lease (overdue -1 minute) nor a job in another state.
+    let mut conn = db.connect().await;
+    insert_stale_jobs(&mut conn, "gauge", 5, 0, 3, 1_000).await;
+    insert_stale_jobs(&mut conn, "live", 2, 0, 3, -60_000).await;
+    exec(
+        &mut conn,
+        "UPDATE job_queue SET state = 'retry_waiting', lease_owner = NULL, lease_until = NULL
+          WHERE job_id = (SELECT job_id FROM job_queue WHERE job_kind = 'gauge' LIMIT 1)",
+    )
+    .await;
+    let dry_run: serde_json::Value = serde_json::from_str(
+        &sqlx::query_scalar::<_, String>("SELECT fn_job_reap_stale_leases_dry_run(1)::text")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(dry_run["stale_lease_count"], 4);
+    match queue.gates().await.unwrap() {
+        Gates::Refuse { stale, .. } => assert_eq!(stale, 4),
+        Gates::Allow => panic!("the gates were not opened"),
+    }
+    assert_eq!(queue.stale_count().await.unwrap(), 4);
 }
 
 #[tokio::test]
