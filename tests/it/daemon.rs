@@ -99,7 +99,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     let notify = NotifySocket::bind();
     let mut daemon = Daemon::spawn(&notify.daemon_env(&db.url, &port));
     daemon
-        .wait_for_event("sweep_failed", Duration::from_secs(10))
+        .wait_for_event("sweep_failed", Duration::from_secs(30))
         .await;
     // At least two more failing sweeps after the one logged.
     notify.wait_watchdogs(3).await;
@@ -109,7 +109,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
         .await
         .unwrap();
     insert_expired(&mut conn, "after-", 4, 10).await;
-    wait_until(Duration::from_secs(10), "the recovered sweep", || async {
+    wait_until(Duration::from_secs(30), "the recovered sweep", || async {
         events(&daemon.lines(), "lease_expired").len() == 4
     })
     .await;
