@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 
+use crate::jobs_support::dry_run;
 use crate::support::{
     Daemon, StatsdCapture, TestDb, count, events, exec, insert_expired, insert_stale_jobs,
     migrate_to, open_gates, run_binary, wait_until,
@@ -700,11 +701,7 @@ async fn a_job_that_fails_inside_the_dry_run_is_set_aside_and_the_gauge_still_co
     let cursed = insert_stale_jobs(&mut conn, "cursed", 1, 0, 5, 120_000).await;
     insert_stale_jobs(&mut conn, "ordinary", 6, 0, 5, 60_000).await;
 
-    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run(100)::text")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    let out: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let out = dry_run(&mut conn, Some(100)).await;
     assert_eq!(out["stale_lease_count"], 7, "{out}");
     assert_eq!(out["jobs"].as_array().unwrap().len(), 6, "{out}");
     assert_eq!(out["set_aside"][0]["job_id"], cursed[0].as_str(), "{out}");

@@ -4,6 +4,7 @@
 use lease_sweeper::cli::{GatesArgs, JobsCommand, LimitArg, OutputArgs};
 use lease_sweeper::cmd::jobs::{Format, run_gates_as, run_jobs_as};
 
+use crate::jobs_support::dry_run;
 use crate::support::{SUBSTRATE, TestDb, insert_stale_jobs, set_setting};
 
 async fn print_gates(db: &TestDb, format: Format) -> String {
@@ -108,13 +109,7 @@ async fn json_flag_prints_the_functions_json_unchanged() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "k", 2, 0, 5, 60_000).await;
-    let expected: serde_json::Value = serde_json::from_str(
-        &sqlx::query_scalar::<_, String>("SELECT fn_job_reap_stale_leases_dry_run(5)::text")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let expected = dry_run(&mut conn, Some(5)).await;
 
     let daemon_env = [("LOCKDB_URL", db.url.as_str())];
     let out = std::process::Command::new(crate::support::binary())

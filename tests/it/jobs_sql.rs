@@ -9,20 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use crate::jobs_support::{job_snapshot, refusal};
+use crate::jobs_support::{dry_run, job_snapshot, refusal};
 use crate::support::{
     LoginRole, REAPER, SUBSTRATE, TestDb, apply_stale_leases, count, insert_stale_jobs, open_gates,
     set_gates, set_setting,
 };
-
-async fn dry_run(conn: &mut PgConnection, limit: Option<i32>) -> Value {
-    let text: String = sqlx::query_scalar("SELECT fn_job_reap_stale_leases_dry_run($1)::text")
-        .bind(limit)
-        .fetch_one(conn)
-        .await
-        .expect("dry run runs");
-    serde_json::from_str(&text).unwrap()
-}
 
 async fn job_row(
     conn: &mut PgConnection,

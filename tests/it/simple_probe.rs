@@ -10,6 +10,7 @@ use lease_sweeper::pg::conn::{self, PROBE_TIMEOUT};
 use lease_sweeper::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
 use lease_sweeper::pg::lock_entry::{self as locks, SWEEP_PROBE};
 
+use crate::jobs_support::dry_run;
 use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};
 
 #[tokio::test]
@@ -53,14 +54,7 @@ async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
           WHERE job_id = (SELECT job_id FROM job_queue WHERE job_kind = 'gauge' LIMIT 1)",
     )
     .await;
-    let dry_run: serde_json::Value = serde_json::from_str(
-        &sqlx::query_scalar::<_, String>("SELECT fn_job_reap_stale_leases_dry_run(1)::text")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(dry_run["stale_lease_count"], 4);
+    assert_eq!(dry_run(&mut conn, Some(1)).await["stale_lease_count"], 4);
     match queue.gates().await.unwrap() {
         Gates::Refuse { stale, .. } => assert_eq!(stale, 4),
         Gates::Allow => panic!("the gates were not opened"),
