@@ -36,7 +36,8 @@ backend_pids() { # backend_pids APPLICATION DB: comma list
     $PSQL -X -Atc "SELECT string_agg(pid::text, ',') FROM pg_stat_activity WHERE application_name = '$1' AND datname = '$2'"
 }
 
-# profile_rows LABEL JSON...: one table row per backend kind, one column per run.
+# profile_kinds LABEL JSON [LABEL JSON]...: per backend kind, one tab-separated
+# line with that kind's milliseconds in each run, then the total.
 profile_kinds() {
     python3 - "$@" <<'PY'
 import json, sys
@@ -73,23 +74,10 @@ SQL
 
     # The daemon and its backends, on another fresh copy.
     fresh prof_daemon seed_prof
-    start_listener prof "$n"
     perf_start "$dmn"
-    start_daemon prof_daemon "$WORK/prof.daemon.log"
-    local pids="" seen deadline=$(($(date +%s) + 900))
-    while :; do
-        seen=$(backend_pids lease-sweeper prof_daemon)
-        [[ -n $seen ]] && pids=$seen
-        [[ -s $LRESULT ]] && [[ -n $(json "$LRESULT" "d['reached_at'] or ''") ]] && break
-        (($(date +%s) < deadline)) || { echo "bench: profile drain did not finish" >&2; break; }
-        sleep 0.05
-    done
+    drain_daemon prof_daemon "$BIN" "$n" "$WORK/prof.daemon.log"
     perf_stop
-    perf_flat "$dmn" "$DPID,$pids" "$dmn.txt"
-    stop_pid "$DPID"
-    stop_pid "$LPID"
-    local lines
-    lines=$(grep -c ' message=lease_expired ' "$WORK/prof.daemon.log")
+    perf_flat "$dmn" "$DPID,$D_BACKENDS" "$dmn.txt"
 
     local r d
     r=$(python3 "$HERE/perf_categories.py" "$PROFILE_HZ" "$ref.txt")
@@ -99,7 +87,7 @@ SQL
     row "reference: psql -XAtq DELETE … RETURNING" "$(json /dev/stdin "round(d['ms_by_process'].get('psql', 0))" <<<"$r") ms" \
         "$(json /dev/stdin "round(d['ms_by_process'].get('postgres', 0))" <<<"$r") ms" "-"
     row "daemon" "$(json /dev/stdin "round(sum(v for k, v in d['ms_by_process'].items() if k != 'postgres'))" <<<"$d") ms" \
-        "$(json /dev/stdin "round(d['ms_by_process'].get('postgres', 0))" <<<"$d") ms" "$lines"
+        "$(json /dev/stdin "round(d['ms_by_process'].get('postgres', 0))" <<<"$d") ms" "$D_LINES"
     header "The backend's work in that drain, by kind (milliseconds of CPU)" kind "reference (one DELETE)" "daemon (batches)"
     while IFS=$'\t' read -r k a b; do row "$k" "$a" "$b"; done < <(profile_kinds ref "$r" daemon "$d")
     header "Top symbols of the daemon process in that drain" symbol "ms"
