@@ -1,7 +1,7 @@
 //! The daemon's whole configuration: the environment, nothing else.
 //!
 //! Owns reading `LOCKDB_URL` / `DATABASE_URL` / libpq's `PG*` variables and
-//! `STATSD_HOST` / `STATSD_PORT`, and how the database is named in messages
+//! `STATSD_HOST` / `STATSD_PORT` and `LEASE_SWEEPER_METRICS_ADDR`, and how the database is named in messages
 //! (never with its password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
@@ -29,11 +29,30 @@ pub enum ConfigError {
     StatsdPort(String),
     #[error("STATSD_HOST must not be empty or contain spaces, got {0:?}")]
     StatsdHost(String),
+    #[error(
+        "LEASE_SWEEPER_METRICS_ADDR must be an IP address and port to listen on, such as \
+         127.0.0.1:9464, 0.0.0.0:9464 or [::]:9464, got {0:?}; unset it to serve no metrics endpoint"
+    )]
+    MetricsAddr(String),
     #[error("{var} is not set: {why}")]
     Missing {
         var: &'static str,
         why: &'static str,
     },
+}
+
+/// `LEASE_SWEEPER_METRICS_ADDR`: where `run` serves `GET /metrics`. Unset
+/// or empty, nothing listens. An IP literal, not a name: a listening address
+/// that depends on DNS at start would be one more way not to come up.
+pub fn metrics_addr_from_env() -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    match std::env::var("LEASE_SWEEPER_METRICS_ADDR") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| ConfigError::MetricsAddr(v)),
+        _ => Ok(None),
+    }
 }
 
 /// Where the lock database is, with a password-free name for messages.

@@ -5,8 +5,8 @@
 //! abandons some, a stand-in job worker that claims jobs and dies, an operator
 //! who opens the queue gates through the audited setter (first "armed but
 //! safe", then for real), a stand-in StatsD agent that prints each datagram,
-//! and the real daemon (this same binary, `run`) sweeping until it is sent
-//! SIGTERM. Everything it starts is stopped and removed before it returns.
+//! and the real daemon (this same binary, `run`) sweeping, with its scrape
+//! endpoint on a loopback port, until it is sent SIGTERM. Everything it starts is stopped and removed before it returns.
 
 use std::time::{Duration, Instant};
 
@@ -155,6 +155,11 @@ pub async fn run() -> anyhow::Result<()> {
         "the job reaper is armed but dry-run-only: the daemon will say job_reaper_gated \
          reason=queue.lease.reaper_dry_run_only=true; that is the safe default, not a failure",
     );
+    // A free loopback port for the scrape endpoint (asked of the kernel,
+    // then handed to the daemon, which binds it at start).
+    let scrape_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free loopback port for the scrape endpoint")?;
     // The daemon itself, exactly as an operator runs it.
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut daemon = tokio::process::Command::new(exe)
@@ -162,12 +167,17 @@ pub async fn run() -> anyhow::Result<()> {
         .env("LOCKDB_URL", &url)
         .env("STATSD_HOST", "127.0.0.1")
         .env("STATSD_PORT", statsd_port.to_string())
+        .env(crate::output::scrape::ADDR_VAR, scrape_addr.to_string())
         .env_remove("DATABASE_URL")
         .kill_on_drop(true)
         .spawn()
         .context("starting `lease-sweeper run`")?;
     let pid = daemon.id().context("daemon pid")? as i32;
     info!(pid, "demo_daemon_started");
+    note(&format!(
+        "while the demo runs, the daemon's Prometheus endpoint answers: curl http://{scrape_addr}{}",
+        crate::output::scrape::PATH
+    ));
 
     // Keep one lease alive while waiting for the abandoned ones to be swept.
     let deadline = Instant::now() + DEMO_DEADLINE;
@@ -198,6 +208,7 @@ pub async fn run() -> anyhow::Result<()> {
 
     // One more sweep so the gauge and a quiet sweep (no WARN) show.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
+    show_scrape(scrape_addr).await?;
 
     info!(pid, "demo_sending_sigterm");
     // SAFETY: kill(2) on our own child's pid.
@@ -315,6 +326,29 @@ fn give_up_after(deadline: Instant, what: &str) -> anyhow::Result<()> {
 /// One line that says why the next thing is deliberate.
 fn note(text: &str) {
     info!(note = text, "demo_note");
+}
+
+/// What a scrape of the daemon shows now: the signal series, one line each.
+async fn show_scrape(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    // HTTP/1.0 with no keep-alive: the response ends where the stream does.
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the daemon's endpoint at {addr}"))?;
+    let request = format!(
+        "GET {} HTTP/1.0\r\nHost: {addr}\r\n\r\n",
+        crate::output::scrape::PATH
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    for series in response
+        .lines()
+        .filter(|l| l.starts_with("lock_") || l.starts_with("queue_"))
+    {
+        info!(series, "demo_scraped");
+    }
+    Ok(())
 }
 
 /// The dry run, as a person reads it: a summary line, then one line per job.

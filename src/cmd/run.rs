@@ -1,8 +1,8 @@
 //! `lease-sweeper run`: the daemon.
 //!
 //! Owns wiring the two services to their connections, the signal lines,
-//! StatsD, systemd and the shutdown signal, then waiting for both loops to
-//! stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
+//! StatsD, the scrape endpoint when it is asked for, systemd and the
+//! shutdown signal, then waiting for both loops to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
@@ -10,6 +10,7 @@ use tracing::info;
 use crate::config::{DbTarget, StatsdTarget};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
+use crate::output::prometheus::Exposition;
 use crate::pg::job_queue::PgJobQueue;
 use crate::pg::lock_store::PgLockStore;
 use crate::progress::Progress;
@@ -25,6 +26,7 @@ const LOOPS: usize = 2;
 pub async fn run() -> anyhow::Result<()> {
     let db = DbTarget::from_env()?;
     let statsd = StatsdTarget::from_env()?;
+    let metrics_addr = crate::config::metrics_addr_from_env()?;
     let shutdown =
         crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     info!(
@@ -38,7 +40,19 @@ pub async fn run() -> anyhow::Result<()> {
         tracing::warn!(note = %note, "database_config_warning");
     }
     let actor = format!("lease-sweeper@{}", super::hostname());
-    let metrics = Metrics::new(statsd);
+    let metrics = match metrics_addr {
+        None => Metrics::new(statsd),
+        Some(addr) => {
+            let exposition = Exposition::new();
+            let bound = crate::output::scrape::start(addr, exposition.clone(), shutdown.clone())?;
+            info!(
+                addr = %bound,
+                path = crate::output::scrape::PATH,
+                "metrics_listening"
+            );
+            Metrics::with_prometheus(statsd, exposition)
+        }
+    };
     let progress = Progress::new(LOOPS);
     // systemd: READY=1 after the first lock sweep, WATCHDOG=1 while every
     // loop moves, STOPPING=1 on the signal.

@@ -171,6 +171,7 @@ impl Service for JobReaper {
     type Outcome = JobOutcome;
     const NAME: &'static str = "job_reaper";
     const WORK: &'static str = "job_reap";
+    const SERVICE: &'static str = "job_reaper";
 
     fn log_started(&self) {
         info!(
@@ -179,6 +180,10 @@ impl Service for JobReaper {
             batchSize = JOB_BATCH_SIZE,
             "job_reaper_started"
         );
+        // Both actions' counters exist from the first scrape, at zero.
+        for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
+            self.metrics.job_lease_reaped(BACKEND, action, 0);
+        }
     }
 
     async fn pass(&mut self, cancel: &CancellationToken) -> Result<JobOutcome, StoreError> {

@@ -106,6 +106,7 @@ impl<S: LockStore> Service for LockSweeper<S> {
     type Outcome = SweepOutcome;
     const NAME: &'static str = "sweeper";
     const WORK: &'static str = "sweep";
+    const SERVICE: &'static str = "lock_sweeper";
 
     fn log_started(&self) {
         info!(
@@ -114,6 +115,8 @@ impl<S: LockStore> Service for LockSweeper<S> {
             batchSize = BATCH_SIZE,
             "sweeper_started"
         );
+        // The counter exists from the first scrape, at zero.
+        self.metrics.lease_expired(self.store.backend_id(), 0);
     }
 
     async fn pass(&mut self, cancel: &CancellationToken) -> Result<SweepOutcome, StoreError> {

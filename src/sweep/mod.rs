@@ -3,8 +3,8 @@
 //! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`) knows how
 //! to do one pass and returns what it did; `run` owns everything about time
 //! for all of them: the fixed delay, shutdown, the drain grace, logging a
-//! failed pass once (then every `ERROR_REPEAT`) and its recovery, flushing
-//! StatsD and beating `progress`. Each service runs in its own loop on its
+//! failed pass once (then every `ERROR_REPEAT`) and its recovery, recording
+//! each pass's health metrics, flushing StatsD and beating `progress`. Each service runs in its own loop on its
 //! own connection, as River's maintenance services do, so a slow or failing
 //! job reaper never delays a lock sweep, nor the reverse. `Drain` is the
 //! shared rule for a pass that works batch by batch.
@@ -51,6 +51,8 @@ pub trait Service: Send {
     /// Its failure events: `<work>_failed`, `<work>_recovered`,
     /// `<work>_abandoned_at_shutdown`.
     const WORK: &'static str;
+    /// The `service` label of its health series (`lock_sweeper`, `job_reaper`).
+    const SERVICE: &'static str;
 
     /// Logs the service's settings once, when its loop starts.
     fn log_started(&self);
@@ -72,19 +74,25 @@ pub async fn run<S: Service>(
     shutdown: CancellationToken,
 ) {
     service.log_started();
+    metrics.service_started(S::SERVICE);
     let mut errors = ErrorLog::new(S::WORK);
     loop {
         let abandon = async {
             shutdown.cancelled().await;
             tokio::time::sleep(DRAIN_GRACE).await;
         };
+        let started = Instant::now();
         tokio::select! {
             result = service.pass(&shutdown) => match result {
                 Ok(outcome) => {
+                    metrics.pass_finished(S::SERVICE, true, started.elapsed());
                     errors.succeeded();
                     debug!(outcome = ?outcome, "{}_done", S::WORK);
                 }
-                Err(e) => errors.failed(&e),
+                Err(e) => {
+                    metrics.pass_finished(S::SERVICE, false, started.elapsed());
+                    errors.failed(&e);
+                }
             },
             () = abandon => {
                 warn!(

@@ -16,6 +16,8 @@ mod jobs_support;
 mod liveness;
 mod privilege;
 mod reap_walk;
+mod scrape;
+mod scrape_support;
 mod services;
 mod simple_probe;
 mod support;

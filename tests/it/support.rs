@@ -870,3 +870,16 @@ pub async fn assert_fails_with(conn: &mut PgConnection, sql: &'static str, code:
         "{sql}: {err}"
     );
 }
+
+/// The path of a command a test needs, from PATH or /usr/sbin; a missing
+/// one fails the test with the Debian package that brings it.
+pub fn tool(name: &str, package: &str) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} is missing: install it (Debian: apt-get install {package})")
+        })
+}

@@ -1,0 +1,272 @@
+//! The Prometheus series: their names, help texts, labels and values, and
+//! their rendering in the text exposition format that `GET /metrics` serves.
+//!
+//! Owns the Prometheus half of the metric contract: the four signal series
+//! carry exactly the StatsD names and tag sets, in Prometheus's spelling
+//! (`lock.lease.expired` → `lock_lease_expired_total{backend}`), and the
+//! daemon's own health series (build, failed passes, last success, pass
+//! duration) follow Prometheus's conventions (`_total`, `_seconds`, base
+//! units). Label values are only ever the backend, the action and the
+//! service, all fixed strings: no key, owner or token ever becomes a label,
+//! so the number of series is fixed too.
+//!
+//! It does not listen (`output::scrape` serves what `render` returns) and it
+//! does not decide when a value changes (`output::metrics` is called by the
+//! services).
+//!
+//! metrics-exporter-prometheus renders the classic text format, which both
+//! Prometheus and `promtool check metrics` read; its recorder is used as a
+//! value owned by the daemon, not installed as a global, so nothing else in
+//! the process can add a series to the endpoint.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics::{Key, Label, Level, Metadata, Recorder as _, Unit};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+
+/// Expired lock leases reaped (swept or taken over); one per `lease_expired`
+/// line. Labels: `backend`.
+pub const LEASE_EXPIRED: &str = "lock_lease_expired_total";
+/// Leases held after the last sweep. Labels: `backend`.
+pub const HELD_CURRENT: &str = "lock_held_current";
+/// Stale job leases acted on; one per `job_lease_expired` line. Labels:
+/// `backend`, `action`.
+pub const JOB_LEASE_REAPED: &str = "queue_lease_reaped_total";
+/// Stale job leases seen after the last job pass. Labels: `backend`.
+pub const JOB_STALE_CURRENT: &str = "queue_lease_stale_current";
+/// Always 1; the label says which build is running. Labels: `version`.
+pub const BUILD_INFO: &str = "lease_sweeper_build_info";
+/// Passes that failed (the database was down, a statement failed). Labels:
+/// `service`.
+pub const PASS_FAILURES: &str = "lease_sweeper_pass_failures_total";
+/// When a pass last succeeded, in seconds since the Unix epoch. Labels:
+/// `service`.
+pub const LAST_SUCCESS: &str = "lease_sweeper_last_success_timestamp_seconds";
+/// How long passes take, failed ones included. Labels: `service`.
+pub const PASS_DURATION: &str = "lease_sweeper_pass_duration_seconds";
+
+/// Buckets of `PASS_DURATION`, in seconds: an idle pass is about a
+/// millisecond; a backlog drain can take seconds; past 30 s the watchdog and
+/// the "no successful pass" alert speak first.
+const PASS_DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Where a series was registered from, as the `metrics` crate asks to know.
+const METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// The daemon's Prometheus series. Cloning shares them.
+#[derive(Clone)]
+pub struct Exposition {
+    recorder: std::sync::Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
+}
+
+impl Exposition {
+    /// The series, described, with the build-info series already at 1.
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(PASS_DURATION.into()), &PASS_DURATION_BUCKETS)
+            .expect("the pass-duration buckets are a non-empty constant")
+            .build_recorder();
+        for (name, unit, help) in [
+            (
+                LEASE_EXPIRED,
+                None,
+                "Expired lock leases reaped, swept or taken over: one per lease_expired line.",
+            ),
+            (
+                HELD_CURRENT,
+                None,
+                "Lock leases held after the last sweep (expired but unswept ones included).",
+            ),
+            (
+                JOB_LEASE_REAPED,
+                None,
+                "Stale job leases acted on by the reaper: one per job_lease_expired line.",
+            ),
+            (
+                JOB_STALE_CURRENT,
+                None,
+                "Stale job leases seen after the last job pass.",
+            ),
+            (
+                BUILD_INFO,
+                None,
+                "Always 1; the version label names the running build.",
+            ),
+            (
+                PASS_FAILURES,
+                None,
+                "Passes that failed, per service (each also logged as <work>_failed, at most once a minute while it persists).",
+            ),
+            (
+                LAST_SUCCESS,
+                Some(Unit::Seconds),
+                "When a pass last succeeded, per service, in seconds since the Unix epoch.",
+            ),
+            (
+                PASS_DURATION,
+                Some(Unit::Seconds),
+                "How long passes take, per service, failed ones included.",
+            ),
+        ] {
+            // describe_* differ only in the type they document; the
+            // exposition's TYPE line comes from how a series is registered.
+            recorder.describe_counter(name.into(), unit, help.into());
+        }
+        let handle = recorder.handle();
+        let exposition = Self {
+            recorder: std::sync::Arc::new(recorder),
+            handle,
+        };
+        exposition
+            .gauge(BUILD_INFO, &[("version", env!("CARGO_PKG_VERSION"))])
+            .set(1.0);
+        exposition
+    }
+
+    fn counter(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> metrics::Counter {
+        self.recorder
+            .register_counter(&key(name, labels), &METADATA)
+    }
+
+    fn gauge(&self, name: &'static str, labels: &[(&'static str, &'static str)]) -> metrics::Gauge {
+        self.recorder.register_gauge(&key(name, labels), &METADATA)
+    }
+
+    /// Adds `n` (zero included: the series then exists from the first
+    /// scrape, which `rate` and `increase` need) to `lock_lease_expired_total`.
+    pub fn lease_expired(&self, backend: &'static str, n: u64) {
+        self.counter(LEASE_EXPIRED, &[("backend", backend)])
+            .increment(n);
+    }
+
+    /// Adds `n` (zero included) to `queue_lease_reaped_total` for one action.
+    pub fn job_lease_reaped(&self, backend: &'static str, action: &'static str, n: u64) {
+        self.counter(
+            JOB_LEASE_REAPED,
+            &[("backend", backend), ("action", action)],
+        )
+        .increment(n);
+    }
+
+    pub fn held_current(&self, backend: &'static str, held: u64) {
+        self.gauge(HELD_CURRENT, &[("backend", backend)])
+            .set(held as f64);
+    }
+
+    pub fn stale_jobs_current(&self, backend: &'static str, stale: u64) {
+        self.gauge(JOB_STALE_CURRENT, &[("backend", backend)])
+            .set(stale as f64);
+    }
+
+    /// Registers a service's failure counter at zero, so an alert on its
+    /// increase has a starting point before the first failure.
+    pub fn service_started(&self, service: &'static str) {
+        self.counter(PASS_FAILURES, &[("service", service)])
+            .increment(0);
+    }
+
+    /// Records one finished pass of `service`.
+    pub fn pass_finished(&self, service: &'static str, succeeded: bool, took: Duration) {
+        let labels = [("service", service)];
+        self.recorder
+            .register_histogram(&key(PASS_DURATION, &labels), &METADATA)
+            .record(took.as_secs_f64());
+        if succeeded {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            self.gauge(LAST_SUCCESS, &labels).set(now.as_secs_f64());
+        } else {
+            self.counter(PASS_FAILURES, &labels).increment(1);
+        }
+        // Samples wait in the recorder until folded into the buckets; fold
+        // them now, so memory stays bounded when nobody scrapes.
+        self.handle.run_upkeep();
+    }
+
+    /// The exposition, in the text format (version 0.0.4).
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}
+
+impl Default for Exposition {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+    Key::from_parts(
+        name,
+        labels
+            .iter()
+            .map(|&(k, v)| Label::new(k, v))
+            .collect::<Vec<_>>(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_series_is_typed_described_and_labelled_by_the_fixed_sets() {
+        let e = Exposition::new();
+        e.lease_expired("pg", 3);
+        e.job_lease_reaped("pg", "moved_to_dead_letter", 2);
+        e.held_current("pg", 4);
+        e.stale_jobs_current("pg", 0);
+        e.service_started("lock_sweeper");
+        e.pass_finished("lock_sweeper", true, Duration::from_millis(3));
+        e.pass_finished("lock_sweeper", false, Duration::from_millis(7));
+        let text = e.render();
+
+        for line in [
+            "# TYPE lock_lease_expired_total counter",
+            "lock_lease_expired_total{backend=\"pg\"} 3",
+            "queue_lease_reaped_total{backend=\"pg\",action=\"moved_to_dead_letter\"} 2",
+            "# TYPE lock_held_current gauge",
+            "lock_held_current{backend=\"pg\"} 4",
+            "queue_lease_stale_current{backend=\"pg\"} 0",
+            concat!(
+                "lease_sweeper_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
+            "lease_sweeper_pass_failures_total{service=\"lock_sweeper\"} 1",
+            "# TYPE lease_sweeper_pass_duration_seconds histogram",
+            "lease_sweeper_pass_duration_seconds_count{service=\"lock_sweeper\"} 2",
+            "lease_sweeper_pass_duration_seconds_bucket{service=\"lock_sweeper\",le=\"0.005\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        let help = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+        let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        assert_eq!((help, types), (8, 8), "{text}");
+    }
+
+    #[test]
+    fn zero_registers_a_counter_without_counting() {
+        let e = Exposition::new();
+        e.lease_expired("pg", 0);
+        assert!(
+            e.render()
+                .lines()
+                .any(|l| l == "lock_lease_expired_total{backend=\"pg\"} 0")
+        );
+    }
+}
