@@ -17,6 +17,7 @@ mod liveness;
 mod privilege;
 mod reap_walk;
 mod scrape;
+mod scrape_flood;
 mod scrape_support;
 mod services;
 mod simple_probe;
