@@ -307,3 +307,60 @@ fn listening_sockets_of(pid: i32) -> usize {
         .filter(|cols| cols.get(9).is_some_and(|inode| inodes.contains(inode)))
         .count()
 }
+
+/// The lock server's own verification, with the endpoint in place of its
+/// actuator: a 1 s lease left to expire gives one `lease_expired` line with
+/// overdueMillis under 1,500, the counter reads 1 with `backend="pg"`, the
+/// table is empty; two more give 3 and three distinct lines.
+#[tokio::test]
+async fn the_lock_servers_verification_step_reads_one_then_three() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let port = statsd.port.to_string();
+    let (mut daemon, addr) = daemon_with_endpoint(&daemon_env(&db.url, &port)).await;
+
+    acquire_payout(&mut conn).await;
+    daemon
+        .wait_for_events("lease_expired", 1, Duration::from_secs(10))
+        .await;
+    let text = scrape(addr).await;
+    let grep: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("lock_lease_expired_total") && !l.starts_with('#'))
+        .collect();
+    assert_eq!(grep, ["lock_lease_expired_total{backend=\"pg\"} 1"]);
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+
+    for _ in 0..2 {
+        acquire_payout(&mut conn).await;
+        let seen = events(&daemon.lines(), "lease_expired").len();
+        daemon
+            .wait_for_events("lease_expired", seen + 1, Duration::from_secs(10))
+            .await;
+    }
+    assert_eq!(value(&scrape(addr).await, EXPIRED), Some(3.0));
+    let (_, lines) = daemon.stop().await;
+    let expired = events(&lines, "lease_expired");
+    let tokens: HashSet<&str> = expired.iter().map(|l| l["token"].as_str()).collect();
+    assert_eq!(
+        (expired.len(), tokens.len()),
+        (3, 3),
+        "three distinct lines"
+    );
+    for line in &expired {
+        let overdue: i64 = line["overdueMillis"].parse().unwrap();
+        assert!(overdue < 1_500, "overdueMillis {overdue}");
+        assert_eq!(line["backend"], "pg");
+    }
+}
+
+/// The lock server's acquire of `payout:acct-1` for 1 s, which must succeed.
+async fn acquire_payout(conn: &mut sqlx::PgConnection) {
+    let token: Option<i64> =
+        sqlx::query_scalar("SELECT lock_acquire('payout:acct-1', 'worker-1', 1000)")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+    token.expect("the key was free");
+}
