@@ -1,11 +1,13 @@
 # shellcheck shell=bash
 # Shared plumbing of the end-to-end scripts (scripts/container-image.sh,
-# scripts/systemd-e2e.sh): messages, the check counters, polling, free
-# loopback ports, a StatsD listener on loopback and a test CA made with
-# openssl. Sourced, never run; it defines functions and the counters only,
-# starts nothing by itself, and owns no check: each script says what it
-# proves. It does not start PostgreSQL: one script runs it with pg_ctl, the
-# other as a transient unit inside its systemd, which share no steps.
+# scripts/systemd-e2e.sh) and the rule and dashboard checks
+# (scripts/check-prometheus-rules.sh, scripts/check-dashboard.sh): messages,
+# the check counters, polling, free loopback ports, a StatsD listener on
+# loopback and a test CA made with openssl. Sourced, never run; it defines
+# functions and the counters only, starts nothing by itself, and owns no
+# check: each script says what it proves. It does not start PostgreSQL: one
+# script runs it with pg_ctl, the other as a transient unit inside its
+# systemd, which share no steps.
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'ERROR: %s\n' "$*" >&2; exit 2; }

@@ -14,6 +14,7 @@ mod jobs_daemon;
 mod jobs_sql;
 mod jobs_support;
 mod liveness;
+mod mtail;
 mod privilege;
 mod reap_walk;
 mod scrape;
