@@ -170,8 +170,8 @@ T
 # below must measure the unit's LogRateLimit* settings against a stock
 # journald. Storage must not drop lines either: RuntimeMaxUse defaults to 10%
 # of /run (200 MB here) and past it journald deletes the oldest entries, so
-# it is raised to 1 GB, far above what the run writes (about 1 KB per entry
-# with its metadata: some 110 MB for the burst). The free-space scaling then
+# it is raised to 1 GB, far above what the run writes (72 MB of journal
+# after the burst: about 700 bytes an entry with its metadata). The free-space scaling then
 # sees about 1 GB available, which gives the default limit 32,500 lines.
 cat >/run/systemd/journald.conf.d/e2e.conf <<'J'
 [Journal]

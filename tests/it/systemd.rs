@@ -247,7 +247,7 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
 }
 
 /// Lines a second the unit's journald limit must allow: over twenty times
-/// the 33,000-45,000 a second journald stored from a 100,000-lease drain.
+/// the 33,000-47,000 a second journald stored from a 100,000-lease drain.
 const MIN_JOURNAL_LINES_PER_SECOND: u64 = 1_000_000;
 /// The largest factor journald's free-space scaling multiplies the burst by
 /// before dividing by 4 (log2 of a 64-bit byte count, minus 16), in 32-bit
