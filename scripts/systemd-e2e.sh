@@ -35,6 +35,10 @@
 #     N lock.lease.expired counts on a StatsD listener on loopback, through
 #     TLS (sslmode=verify-full, the CA file read by the dynamic user), DNS
 #     (the database named `localhost`) and then through the Unix socket;
+#   - 100,000 leases expiring at once give exactly 100,000 lease_expired lines
+#     in the journal under journald's stock rate limit (the unit's
+#     LogRateLimit* settings), and journald suppresses no message of the unit
+#     in the whole run;
 #   - `systemctl stop` ends in Result=success, exit status 0;
 #   - a SIGKILLed daemon is restarted (NRestarts increments);
 #   - a wedged daemon (SIGSTOP: no more WATCHDOG=1) is killed by the watchdog
@@ -55,6 +59,9 @@ REPO="$PWD"
 UNIT=lease-sweeper.service
 N_TLS=5    # leases abandoned while the daemon connects over TLS
 N_SOCKET=3 # ... and while it connects over the Unix socket
+# Leases expiring at once: ten times journald's default burst, and above what
+# its free-space scaling can raise the default to (six times at 1 TB free).
+N_BURST=100000
 # shellcheck source=scripts/lib/e2e.sh
 . scripts/lib/e2e.sh
 PG_BIN=$(pg_bin_dir)
@@ -138,7 +145,10 @@ cat >"$WORK/boot.sh" <<'BOOT'
 set -e
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs -o mode=1777 tmpfs /var/tmp
-mount -t tmpfs -o mode=0755 tmpfs /run
+# /run holds the volatile journal (below): a fixed size, so journald's limits
+# are the same on every host instead of following its RAM (a tmpfs defaults
+# to half of it). Only the pages used count.
+mount -t tmpfs -o mode=0755,size=2g tmpfs /run
 mount -t tmpfs -o mode=0755 tmpfs /etc/lease-sweeper
 mount -t tmpfs -o mode=0755 tmpfs /etc/systemd/system
 # Debian's container images ship a policy-rc.d that denies every service
@@ -153,7 +163,23 @@ Description=lease-sweeper e2e: journald and the system bus, nothing else
 Wants=systemd-journald.service dbus.socket
 After=systemd-journald.service dbus.socket
 T
-printf '[Journal]\nStorage=volatile\nRateLimitBurst=0\n' >/run/systemd/journald.conf.d/e2e.conf
+# journald as shipped, except where the journal lives: volatile, on the
+# namespace's /run, so nothing lands in the host's journal. The rate limit is
+# stated at journald's defaults (30 s, 10,000 lines, scaled up with free
+# space) so a host's own journald.conf cannot loosen it: the burst check
+# below must measure the unit's LogRateLimit* settings against a stock
+# journald. Storage must not drop lines either: RuntimeMaxUse defaults to 10%
+# of /run (200 MB here) and past it journald deletes the oldest entries, so
+# it is raised to 1 GB, far above what the run writes (72 MB of journal
+# after the burst: about 700 bytes an entry with its metadata). The free-space scaling then
+# sees about 1 GB available, which gives the default limit 32,500 lines.
+cat >/run/systemd/journald.conf.d/e2e.conf <<'J'
+[Journal]
+Storage=volatile
+RateLimitIntervalSec=30s
+RateLimitBurst=10000
+RuntimeMaxUse=1G
+J
 exec env -i container=other PATH=/usr/sbin:/usr/bin:/sbin:/bin \
     /lib/systemd/systemd --system --unit=lease-sweeper-e2e.target
 BOOT
@@ -356,6 +382,40 @@ wait_for 10 statsd_at $((before + N_SOCKET)) || true
 expect "lock.lease.expired counted (Unix socket)" "$(($(statsd_expired) - before))" "$N_SOCKET"
 expect "sweep_failed lines (Unix socket)" "$(journal_count "$INV" 'message=sweep_failed')" 0
 
+# ---- 3a. a burst: every line reaches the journal ------------------------------------
+# One statement inserts N_BURST leases whose deadline has passed, as if that
+# many holders died at once; the running daemon drains them in 5,000-lease
+# batches, writing one line per lease as fast as journald takes them.
+say "$N_BURST leases expire at once (one INSERT, deadlines already past)"
+before=$(statsd_expired)
+psql_admin -d locks -c "INSERT INTO lock_entry (lock_key, owner_id, token, acquired_at, expires_at)
+    SELECT 'burst-' || g, 'e2e-burst-client/worker-' || (g % 64), nextval('lock_fencing_token_seq'),
+           now() - interval '1 minute', now() - interval '1 second'
+      FROM generate_series(1, $N_BURST) AS g"
+t0=$(date +%s%N)
+drained() { [ "$(leases_left)" = 0 ]; }
+wait_for 300 drained || true
+drain_ms=$((($(date +%s%N) - t0) / 1000000))
+expect "leases left after the burst" "$(leases_left)" 0
+# Each batch's lines are written before it commits, so all of them are in
+# journald's socket by now; --sync returns once journald has stored what it
+# had received. The wait covers a journald still reading its socket.
+ns journalctl --sync
+burst_lines() { journal_count "$INV" 'level=warn message=lease_expired lockKey=burst-'; }
+all_lines() { [ "$(burst_lines)" -ge "$N_BURST" ]; }
+wait_for 20 all_lines || true
+expect "lease_expired lines in the journal for $N_BURST expiries at once" "$(burst_lines)" "$N_BURST"
+wait_for 10 statsd_at $((before + N_BURST)) || true
+expect "lock.lease.expired counted for the burst" "$(($(statsd_expired) - before))" "$N_BURST"
+# The size of a line and journald's pace (reception times of the first and
+# last line), figures the unit's comment and docs/operations.md quote.
+burst_journal() { { ns journalctl --no-pager -o "$1" "_SYSTEMD_INVOCATION_ID=$INV" || true; } | grep -- 'lockKey=burst-'; }
+pace=$(burst_journal short-unix | awk 'NR == 1 { t0 = $1 } { t = $1 }
+    END { if (NR > 1 && t > t0) printf "%.0f ms, %.0f lines a second", (t - t0) * 1000, (NR - 1) / (t - t0) }')
+line_bytes=$(burst_journal cat | awk '{ n += length($0) + 1 } END { if (NR) printf "%.0f", n / NR }')
+usage=$(ns journalctl --disk-usage 2>/dev/null | grep -o 'take up [^ ]*' | cut -d' ' -f3)
+ok "burst drained in $drain_ms ms; journald stored it over ${pace:-?}; ${line_bytes:-?} bytes a line with its newline; journal now ${usage:-?}"
+
 # ---- 4. SIGKILL: restarted ------------------------------------------------------------
 say "systemctl kill -s SIGKILL (a crash)"
 restarts0=$(prop NRestarts)
@@ -433,6 +493,15 @@ else
     ok "the password appears nowhere in the journal"
 fi
 ns systemctl reset-failed "$UNIT"
+
+# ---- 6a. journald dropped nothing of the unit -----------------------------------------
+# journald reports what its rate limit dropped when the unit's next message
+# after the interval arrives; the run goes on well past 30 s after the burst,
+# and the unit logged since, so a suppression would show by now.
+suppressed=$({ ns journalctl --no-pager -o cat || true; } | grep -E "^Suppressed [0-9]+ messages from $UNIT" || true)
+expect "journald's 'Suppressed N messages from $UNIT'" "${suppressed:-none}" none
+expect "journald's limit for the unit (LogRateLimitIntervalSec/Burst)" \
+    "$(prop LogRateLimitIntervalUSec) $(prop LogRateLimitBurst)" "1s 1000000"
 
 # ---- 7. the live unit's exposure ------------------------------------------------------
 exposure=$(ns systemd-analyze security --no-pager "$UNIT" 2>/dev/null | awk -F': ' '/Overall exposure level/ {print $2}')

@@ -245,3 +245,33 @@ async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_o
     .await;
     assert_eq!(daemon.stop().await.0, Some(0));
 }
+
+/// Lines a second the unit's journald limit must allow: over twenty times
+/// the 33,000-47,000 a second journald stored from a 100,000-lease drain.
+const MIN_JOURNAL_LINES_PER_SECOND: u64 = 1_000_000;
+/// The largest factor journald's free-space scaling multiplies the burst by
+/// before dividing by 4 (log2 of a 64-bit byte count, minus 16), in 32-bit
+/// arithmetic.
+const JOURNALD_BURST_FACTOR_MAX: u64 = 63 - 16;
+
+#[test]
+fn the_units_journald_rate_limit_is_set_and_out_of_a_drains_reach() {
+    // 0 (or nothing) means "not set" for a unit: journald's default, 10,000
+    // lines in 30 s, applies and drops most of a large drain's lines.
+    let interval = seconds(directive("LogRateLimitIntervalSec"));
+    let burst: u64 = directive("LogRateLimitBurst")
+        .parse()
+        .expect("LogRateLimitBurst is a number");
+    assert!(
+        interval > 0 && burst > 0,
+        "0 does not switch journald's limit off: it restores the default"
+    );
+    assert!(
+        burst / interval >= MIN_JOURNAL_LINES_PER_SECOND,
+        "{burst} lines in {interval} s: a drain could reach it"
+    );
+    assert!(
+        burst * JOURNALD_BURST_FACTOR_MAX <= u64::from(u32::MAX),
+        "LogRateLimitBurst={burst} can wrap around in journald's free-space scaling"
+    );
+}
