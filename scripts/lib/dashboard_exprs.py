@@ -106,7 +106,7 @@ def recording_rules_used(dashboard):
     """Names of recording rules (level:metric:operations) the expressions read."""
     names = set()
     for _, _, expr in expressions(dashboard):
-        # Not inside label values (`instance="host:9187"`).
+        # Not inside label values (`instance="host:9464"`).
         expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
         names.update(re.findall(r"\b[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*[a-zA-Z0-9_]\b", expr))
     return sorted(names)
