@@ -366,8 +366,9 @@ pub enum JobsCommand {
     /// Show what the reaper would do now (read-only, always allowed).
     ///
     /// Prints `stale_lease_count` (every stale lease) and, for the `--limit`
-    /// oldest, each job's `would_action`: `reset_to_retry_waiting` or
-    /// `move_to_dead_letter`. Mutates nothing, whatever the gates say.
+    /// oldest, each job's `would_action` (`reset_to_retry_waiting` or
+    /// `move_to_dead_letter`) and the lease duration it was given, with where
+    /// that came from. Mutates nothing, whatever the gates say.
     DryRun(LimitArg),
     /// Reap stale job leases now; refused unless the three gates allow it.
     ///
