@@ -167,6 +167,7 @@ pub async fn run_gates_as(
                 what: "fn_queue_setting_set",
                 refusal,
                 table: setting_table,
+                need: GATES_NEED,
             };
             let outcome = set_audited(&mut conn, target, out, format, set, async |c| {
                 q::set_gate(c, &key, &value, &actor).await
@@ -197,7 +198,7 @@ pub async fn run_leases_as(
         None => {
             let text = in_tx(&mut conn, async |c| q::show_leases(c).await)
                 .await
-                .map_err(|e| db_error(target, "job_kind_lease", &e))?;
+                .map_err(|e| db_error_needing(target, "job_kind_lease", &e, LEASES_NEED))?;
             print(out, &text, format, leases_table)?;
             conn.close().await.ok();
             return Ok(ExitCode::SUCCESS);
@@ -214,6 +215,7 @@ pub async fn run_leases_as(
         what: "fn_job_kind_lease_set",
         refusal,
         table: kind_lease_table,
+        need: LEASES_NEED,
     };
     let outcome = set_audited(&mut conn, target, out, format, set, async |c| {
         q::set_kind_lease(c, &kind, seconds, &actor).await
@@ -238,6 +240,8 @@ struct SetCall {
     refusal: Value,
     /// Renders the setter's JSON for a person.
     table: fn(&Value) -> String,
+    /// What the role needs, said when it lacks a privilege.
+    need: &'static str,
 }
 
 /// Runs `call` in a transaction and prints its JSON; a rejection
@@ -264,7 +268,7 @@ async fn set_audited(
             print(out, &refusal.to_string(), format, refusal_table)?;
             Ok(Some(message))
         }
-        Err(e) => Err(db_error(target, set.what, &e)),
+        Err(e) => Err(db_error_needing(target, set.what, &e, set.need)),
     }
 }
 
@@ -277,6 +281,32 @@ async fn open(target: &DbTarget) -> anyhow::Result<PgConnection> {
 fn db_error(target: &DbTarget, what: &str, err: &sqlx::Error) -> anyhow::Error {
     let cause = target.redactor().redact(&crate::pg::conn::describe(err));
     anyhow::anyhow!("{what} on {} failed: {cause}", target.display())
+}
+
+/// SQLSTATE `insufficient_privilege`.
+const DENIED_SQLSTATE: &str = "42501";
+
+/// What `gates set` needs, said when the role lacks it.
+const GATES_NEED: &str = "`gates set` needs EXECUTE on fn_queue_setting_set (which the owner grants to operators, \
+     never to lease_sweeper); run it as an operator's role";
+
+/// What the `leases` commands need, said when the role lacks it: the
+/// daemon's own role may run `gates` but holds nothing on kind durations.
+const LEASES_NEED: &str = "`leases` needs SELECT on job_kind_lease and queue_setting, `leases set`/`clear` EXECUTE on \
+     fn_job_kind_lease_set (which the owner grants to operators, never to lease_sweeper); run it as an operator's role";
+
+/// `db_error`, plus `need` when the database said the role lacks a privilege.
+fn db_error_needing(target: &DbTarget, what: &str, err: &sqlx::Error, need: &str) -> anyhow::Error {
+    let denied = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == DENIED_SQLSTATE);
+    let base = db_error(target, what, err);
+    if denied {
+        anyhow::anyhow!("{base}; {need}")
+    } else {
+        base
+    }
 }
 
 /// Prints the function's JSON as `format` asks (`table` renders it for a

@@ -697,6 +697,19 @@ async fn only_a_role_granted_the_setter_may_set_a_kind_duration_and_only_through
         sqlx::Connection::close(low).await.unwrap();
     }
     assert_eq!(kind_snapshot(&mut admin).await, before, "nothing changed");
+    // The command says what the role lacks and what to do.
+    for args in [
+        &["leases"][..],
+        &["leases", "set", "email", "1", "--actor", "mallory"][..],
+    ] {
+        let (code, out) = run_binary(args, &sweeper.url).await;
+        assert_eq!(code, Some(1), "{args:?}: {out}");
+        assert!(
+            out.contains("(SQLSTATE 42501); `leases` needs SELECT on job_kind_lease")
+                && out.contains("run it as an operator's role"),
+            "{args:?}: {out}"
+        );
+    }
 
     // The operator's role, granted the setter, changes it, audited as itself.
     let mut op = operator.connect().await;
