@@ -228,9 +228,9 @@ DESCRIPTION:
   every kind that has its own duration, who set it and when, and the default, as a table
   (--json: the JSON). `leases set` gives a kind its own duration, `leases clear` returns
   it to the default; both go through the audited setter (who, when, the old and new
-  value are recorded in job_kind_lease_audit). A change applies to new claims and
-  heartbeats, never to leases in flight: the reaper only compares lease_until with the
-  database's clock.
+  value are recorded in job_kind_lease_audit). A change applies from the next claim or
+  heartbeat: a lease in flight keeps its deadline until then, and the reaper only
+  compares lease_until with the database's clock.
 
 EXAMPLES:
   lease-sweeper leases

@@ -419,7 +419,7 @@ fn kind_lease_table(v: &Value) -> String {
     let kind = table::printable(&cell(v, "job_kind"));
     out.push_str(&match v.get("lease_sec").and_then(Value::as_i64) {
         Some(sec) => format!(
-            "\nnew claims and heartbeats of {kind} lease for {sec} s; leases in flight keep theirs\n"
+            "\nnew claims and heartbeats of {kind} lease for {sec} s; a lease in flight keeps its deadline until its next heartbeat\n"
         ),
         None => format!(
             "\n{kind} leases for the default: {} s (queue.lease.duration_sec)\n",

@@ -909,7 +909,7 @@ async fn leases_shows_each_kinds_duration_and_who_set_it_as_a_table_and_as_json_
     );
     assert_eq!(
         *lines.last().unwrap(),
-        "new claims and heartbeats of report.render lease for 3600 s; leases in flight keep theirs"
+        "new claims and heartbeats of report.render lease for 3600 s; a lease in flight keeps its deadline until its next heartbeat"
     );
     leases(&db, set("email", 60), Format::Json).await;
 
