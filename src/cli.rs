@@ -136,9 +136,9 @@ DESCRIPTION:
   Every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 3 applied (latest 20261129000300)
+  ok    migrations: all 9 applied (latest 20261201000200)
   FAIL  grant SELECT on table job_queue: this role lacks SELECT, ...; GRANT SELECT ON TABLE job_queue TO <this role>
-  check FAILED: 1 of 30 checks failed (see the FAIL lines above)
+  check FAILED: 1 of 43 checks failed (see the FAIL lines above)
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
@@ -167,8 +167,12 @@ DESCRIPTION:
 
 OUTPUT:
   A table on stdout: one row per job with what the reaper would do (dry-run) or did
-  (apply), then a summary line. --json prints the SQL function's JSON unchanged instead
-  (for scripts and jq). Diagnostics go to stderr. No colour, terminal or not.
+  (apply), then a summary line. dry-run's LEASE column is the lease duration the job's
+  latest claim or heartbeat gave it and where that came from (`30s kind`: its kind's
+  duration; `override`: its metadata.lease_override_sec; `default`:
+  queue.lease.duration_sec; `-`: not leased through fn_job_claim or fn_job_heartbeat).
+  --json prints the SQL function's JSON unchanged instead (for scripts and jq).
+  Diagnostics go to stderr. No colour, terminal or not.
 
 EXAMPLES:
   lease-sweeper jobs dry-run --limit 20
@@ -182,7 +186,7 @@ EXIT STATUS:
   0 success, 1 failure or a refused apply (stdout says why), 2 usage or configuration error
 
 SEE ALSO:
-  lease-sweeper gates, docs/jobs-operator-guide.md, docs/sql-api.md"
+  lease-sweeper gates, lease-sweeper leases, docs/jobs-operator-guide.md, docs/sql-api.md"
 );
 
 const GATES_HELP: &str = concat!(
@@ -212,7 +216,37 @@ EXIT STATUS:
   0 success, 1 a rejected setting or failure, 2 usage or configuration error
 
 SEE ALSO:
-  lease-sweeper jobs, docs/jobs-operator-guide.md"
+  lease-sweeper jobs, lease-sweeper leases, docs/jobs-operator-guide.md"
+);
+
+const LEASES_HELP: &str = concat!(
+    "\
+DESCRIPTION:
+  How long a claim or a heartbeat leases each job, in this order: the job's
+  metadata.lease_override_sec, else its kind's duration (set here), else
+  queue.lease.duration_sec (see `lease-sweeper gates`). Without a subcommand: prints
+  every kind that has its own duration, who set it and when, and the default, as a table
+  (--json: the JSON). `leases set` gives a kind its own duration, `leases clear` returns
+  it to the default; both go through the audited setter (who, when, the old and new
+  value are recorded in job_kind_lease_audit). A change applies from the next claim or
+  heartbeat: a lease in flight keeps its deadline until then, and the reaper only
+  compares lease_until with the database's clock.
+
+EXAMPLES:
+  lease-sweeper leases
+  lease-sweeper leases set report.render 3600 --actor alice@ops
+  lease-sweeper leases clear report.render --actor alice@ops
+  lease-sweeper jobs dry-run     # the LEASE column: what each stale job was given, and why
+
+",
+    environment!(),
+    "
+EXIT STATUS:
+  0 success, 1 a rejected change (an empty kind or actor, seconds outside 1-86400) or
+  failure, 2 usage or configuration error (e.g. SECONDS not a number)
+
+SEE ALSO:
+  lease-sweeper gates, lease-sweeper jobs, docs/jobs-operator-guide.md, docs/sql-api.md"
 );
 
 const ALIVE_HELP: &str = "\
@@ -298,6 +332,10 @@ pub enum Command {
     #[command(after_help = GATES_HELP)]
     Gates(GatesArgs),
 
+    /// Show the job lease durations per kind, or set or clear one (audited).
+    #[command(after_help = LEASES_HELP)]
+    Leases(LeasesArgs),
+
     /// Liveness probe: exit 0 while every service loop keeps making progress.
     ///
     /// Reads the heartbeat file that `run` writes to LEASE_SWEEPER_HEARTBEAT_FILE
@@ -328,8 +366,9 @@ pub enum JobsCommand {
     /// Show what the reaper would do now (read-only, always allowed).
     ///
     /// Prints `stale_lease_count` (every stale lease) and, for the `--limit`
-    /// oldest, each job's `would_action`: `reset_to_retry_waiting` or
-    /// `move_to_dead_letter`. Mutates nothing, whatever the gates say.
+    /// oldest, each job's `would_action` (`reset_to_retry_waiting` or
+    /// `move_to_dead_letter`) and the lease duration it was given, with where
+    /// that came from. Mutates nothing, whatever the gates say.
     DryRun(LimitArg),
     /// Reap stale job leases now; refused unless the three gates allow it.
     ///
@@ -399,6 +438,44 @@ pub enum GatesCommand {
         key: String,
         /// e.g. true
         value: String,
+        /// Who is changing it (recorded in the audit table).
+        #[arg(long, value_name = "NAME")]
+        actor: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct LeasesArgs {
+    #[command(subcommand)]
+    pub command: Option<LeasesCommand>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeasesCommand {
+    /// Give one job kind its own lease duration, through the audited setter.
+    ///
+    /// Claims and heartbeats of that kind then lease for SECONDS, unless a
+    /// job's metadata.lease_override_sec says otherwise. A rejected change
+    /// exits 1 with the reason; nothing is changed.
+    Set {
+        /// The job kind, exactly as enqueued (e.g. report.render).
+        kind: String,
+        /// Whole seconds, 1-86400; the database checks the range.
+        // allow_negative_numbers: `set k -5` should get the database's range
+        // refusal, not be read as an unknown flag.
+        #[arg(allow_negative_numbers = true)]
+        seconds: i32,
+        /// Who is changing it (recorded in the audit table).
+        #[arg(long, value_name = "NAME")]
+        actor: String,
+    },
+    /// Return one job kind to the default, queue.lease.duration_sec (audited).
+    Clear {
+        /// The job kind, exactly as enqueued.
+        kind: String,
         /// Who is changing it (recorded in the audit table).
         #[arg(long, value_name = "NAME")]
         actor: String,

@@ -104,6 +104,11 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("fn_queue_setting_set"),
     // The stale gauge alone (migrations/20261130000400_…).
     Object::Function("fn_job_stale_lease_count"),
+    // Lease durations per kind and per job (migrations/20261201000200_…):
+    // `lease-sweeper leases` and the claim and heartbeat of workers.
+    Object::Table("job_kind_lease"),
+    Object::Function("fn_job_kind_lease_set"),
+    Object::Function("fn_job_default_lease_sec"),
 ];
 
 /// A privilege the daemon's role needs, and why.
@@ -157,7 +162,7 @@ pub const GRANTS: &[Grant] = &[
     Grant {
         on: Object::Table("job_queue"),
         privileges: &[
-            "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until)",
+            "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until, lease_duration_sec, lease_duration_source)",
         ],
         why: "the dry run behind queue.lease.stale.current reads it",
     },

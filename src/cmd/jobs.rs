@@ -1,13 +1,14 @@
-//! `lease-sweeper jobs dry-run|apply` and `lease-sweeper gates [set]`: the
-//! operator's hands on the job reaper.
+//! `lease-sweeper jobs dry-run|apply`, `lease-sweeper gates [set]` and
+//! `lease-sweeper leases [set|clear]`: the operator's hands on the job
+//! reaper and on how long jobs lease for.
 //!
 //! Owns connecting for one command, calling the SQL function, printing the
 //! result on stdout (an aligned table for people; with `--json` the
 //! function's JSON unchanged, indented on a terminal and one line otherwise,
 //! so scripts can pipe it to `jq`) and the exit status: 0 when the function did what was
 //! asked, 1 when it refused (apply with a gate closed, a limit out of range)
-//! or the setter rejected the change. It owns no reaping rules and no SQL
-//! text (`queries::jobs`); diagnostics go to stderr through `tracing`, and no
+//! or a setter rejected the change. It owns no reaping or lease rules and no
+//! SQL text (`pg::job_queue`); diagnostics go to stderr through `tracing`, and no
 //! database error text is printed without passing the target's redactor.
 
 use std::io::{self, IsTerminal as _, Write};
@@ -18,7 +19,7 @@ use serde_json::Value;
 use sqlx::{Connection as _, PgConnection};
 use tracing::{error, info};
 
-use crate::cli::{GatesArgs, GatesCommand, JobsArgs, JobsCommand};
+use crate::cli::{GatesArgs, GatesCommand, JobsArgs, JobsCommand, LeasesArgs, LeasesCommand};
 use crate::config::DbTarget;
 use crate::output::table;
 use crate::pg::conn::in_tx;
@@ -73,6 +74,14 @@ pub async fn gates(args: GatesArgs) -> anyhow::Result<ExitCode> {
     run_gates_as(&target, args, &mut io::stdout(), format).await
 }
 
+/// `leases` / `leases set` / `leases clear` against the database named by
+/// the environment.
+pub async fn leases(args: LeasesArgs) -> anyhow::Result<ExitCode> {
+    let target = DbTarget::from_env()?;
+    let format = Format::for_stdout(args.output.json);
+    run_leases_as(&target, args, &mut io::stdout(), format).await
+}
+
 /// `jobs …` printing the JSON to `out`, indented when `pretty`.
 pub async fn run_jobs(
     target: &DbTarget,
@@ -91,6 +100,16 @@ pub async fn run_gates(
     pretty: bool,
 ) -> anyhow::Result<ExitCode> {
     run_gates_as(target, args, out, Format::json(pretty)).await
+}
+
+/// `leases …` printing the JSON to `out`, indented when `pretty`.
+pub async fn run_leases(
+    target: &DbTarget,
+    args: LeasesArgs,
+    out: &mut dyn Write,
+    pretty: bool,
+) -> anyhow::Result<ExitCode> {
+    run_leases_as(target, args, out, Format::json(pretty)).await
 }
 
 /// `jobs …` against `target`, printing to `out` (the testable core).
@@ -143,34 +162,114 @@ pub async fn run_gates_as(
             ExitCode::SUCCESS
         }
         Some(GatesCommand::Set { key, value, actor }) => {
-            match in_tx(&mut conn, async |c| {
+            let refusal = serde_json::json!({ "key": key });
+            let set = SetCall {
+                what: "fn_queue_setting_set",
+                refusal,
+                table: setting_table,
+                need: GATES_NEED,
+            };
+            let outcome = set_audited(&mut conn, target, out, format, set, async |c| {
                 q::set_gate(c, &key, &value, &actor).await
             })
-            .await
-            {
-                Ok(text) => {
-                    print(out, &text, format, setting_table)?;
-                    ExitCode::SUCCESS
-                }
-                Err(sqlx::Error::Database(db))
-                    if db.code().as_deref() == Some(q::REJECTED_SQLSTATE) =>
-                {
-                    let message = target.redactor().redact(db.message());
-                    let refusal = serde_json::json!({
-                        "key": key,
-                        "reason": message,
-                        "refused": true,
-                    });
-                    print(out, &refusal.to_string(), format, refusal_table)?;
-                    error!(key = %key, reason = %message, "setting_rejected");
+            .await?;
+            match outcome {
+                None => ExitCode::SUCCESS,
+                Some(reason) => {
+                    error!(key = %key, reason = %reason, "setting_rejected");
                     ExitCode::from(EXIT_REFUSED)
                 }
-                Err(e) => return Err(db_error(target, "fn_queue_setting_set", &e)),
             }
         }
     };
     conn.close().await.ok();
     Ok(code)
+}
+
+/// `leases …` against `target`, printing to `out` (the testable core).
+pub async fn run_leases_as(
+    target: &DbTarget,
+    args: LeasesArgs,
+    out: &mut dyn Write,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    let mut conn = open(target).await?;
+    let (kind, seconds, actor) = match args.command {
+        None => {
+            let text = in_tx(&mut conn, async |c| q::show_leases(c).await)
+                .await
+                .map_err(|e| db_error_needing(target, "job_kind_lease", &e, LEASES_NEED))?;
+            print(out, &text, format, leases_table)?;
+            conn.close().await.ok();
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(LeasesCommand::Set {
+            kind,
+            seconds,
+            actor,
+        }) => (kind, Some(seconds), actor),
+        Some(LeasesCommand::Clear { kind, actor }) => (kind, None, actor),
+    };
+    let refusal = serde_json::json!({ "job_kind": kind });
+    let set = SetCall {
+        what: "fn_job_kind_lease_set",
+        refusal,
+        table: kind_lease_table,
+        need: LEASES_NEED,
+    };
+    let outcome = set_audited(&mut conn, target, out, format, set, async |c| {
+        q::set_kind_lease(c, &kind, seconds, &actor).await
+    })
+    .await?;
+    conn.close().await.ok();
+    Ok(match outcome {
+        None => ExitCode::SUCCESS,
+        Some(reason) => {
+            error!(jobKind = %kind, reason = %reason, "kind_lease_rejected");
+            ExitCode::from(EXIT_REFUSED)
+        }
+    })
+}
+
+/// How to report one call of an audited setter.
+struct SetCall {
+    /// The SQL function, for error messages.
+    what: &'static str,
+    /// What the refusal JSON names (the key or the kind); `reason` and
+    /// `refused` are added.
+    refusal: Value,
+    /// Renders the setter's JSON for a person.
+    table: fn(&Value) -> String,
+    /// What the role needs, said when it lacks a privilege.
+    need: &'static str,
+}
+
+/// Runs `call` in a transaction and prints its JSON; a rejection
+/// (SQLSTATE 22023: the setter changed nothing) is printed as the refusal
+/// instead and its reason returned, for the caller to log and exit 1 on.
+async fn set_audited(
+    conn: &mut PgConnection,
+    target: &DbTarget,
+    out: &mut dyn Write,
+    format: Format,
+    set: SetCall,
+    call: impl AsyncFnOnce(&mut PgConnection) -> Result<String, sqlx::Error>,
+) -> anyhow::Result<Option<String>> {
+    match in_tx(conn, call).await {
+        Ok(text) => {
+            print(out, &text, format, set.table)?;
+            Ok(None)
+        }
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(q::REJECTED_SQLSTATE) => {
+            let message = target.redactor().redact(db.message());
+            let mut refusal = set.refusal;
+            refusal["reason"] = Value::String(message.clone());
+            refusal["refused"] = Value::Bool(true);
+            print(out, &refusal.to_string(), format, refusal_table)?;
+            Ok(Some(message))
+        }
+        Err(e) => Err(db_error_needing(target, set.what, &e, set.need)),
+    }
 }
 
 async fn open(target: &DbTarget) -> anyhow::Result<PgConnection> {
@@ -182,6 +281,32 @@ async fn open(target: &DbTarget) -> anyhow::Result<PgConnection> {
 fn db_error(target: &DbTarget, what: &str, err: &sqlx::Error) -> anyhow::Error {
     let cause = target.redactor().redact(&crate::pg::conn::describe(err));
     anyhow::anyhow!("{what} on {} failed: {cause}", target.display())
+}
+
+/// SQLSTATE `insufficient_privilege`.
+const DENIED_SQLSTATE: &str = "42501";
+
+/// What `gates set` needs, said when the role lacks it.
+const GATES_NEED: &str = "`gates set` needs EXECUTE on fn_queue_setting_set (which the owner grants to operators, \
+     never to lease_sweeper); run it as an operator's role";
+
+/// What the `leases` commands need, said when the role lacks it: the
+/// daemon's own role may run `gates` but holds nothing on kind durations.
+const LEASES_NEED: &str = "`leases` needs SELECT on job_kind_lease and queue_setting, `leases set`/`clear` EXECUTE on \
+     fn_job_kind_lease_set (which the owner grants to operators, never to lease_sweeper); run it as an operator's role";
+
+/// `db_error`, plus `need` when the database said the role lacks a privilege.
+fn db_error_needing(target: &DbTarget, what: &str, err: &sqlx::Error, need: &str) -> anyhow::Error {
+    let denied = err
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == DENIED_SQLSTATE);
+    let base = db_error(target, what, err);
+    if denied {
+        anyhow::anyhow!("{base}; {need}")
+    } else {
+        base
+    }
 }
 
 /// Prints the function's JSON as `format` asks (`table` renders it for a
@@ -258,6 +383,52 @@ fn gates_table(v: &Value) -> String {
     out
 }
 
+fn leases_table(v: &Value) -> String {
+    let empty = Vec::new();
+    let rows: Vec<Vec<String>> = v["kinds"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|k| {
+            vec![
+                cell(k, "job_kind"),
+                cell(k, "lease_sec"),
+                short_time(&cell(k, "updated_at")),
+                cell(k, "updated_by"),
+            ]
+        })
+        .collect();
+    let mut out = table::render(&["KIND", "LEASE_S", "CHANGED", "BY"], &rows);
+    let default = &v["default"];
+    out.push_str(&format!(
+        "\nevery other kind: {} s ({}, changed {} by {}); a job's metadata.lease_override_sec wins over both\n",
+        cell(default, "lease_sec"),
+        cell(default, "setting"),
+        short_time(&cell(default, "updated_at")),
+        table::printable(&cell(default, "updated_by")),
+    ));
+    out
+}
+
+fn kind_lease_table(v: &Value) -> String {
+    let row = ["job_kind", "old_lease_sec", "lease_sec", "updated_by"]
+        .iter()
+        .map(|k| cell(v, k))
+        .collect();
+    let mut out = table::render(&["KIND", "OLD_S", "NEW_S", "BY"], &[row]);
+    let kind = table::printable(&cell(v, "job_kind"));
+    out.push_str(&match v.get("lease_sec").and_then(Value::as_i64) {
+        Some(sec) => format!(
+            "\nnew claims and heartbeats of {kind} lease for {sec} s; a lease in flight keeps its deadline until its next heartbeat\n"
+        ),
+        None => format!(
+            "\n{kind} leases for the default: {} s (queue.lease.duration_sec)\n",
+            cell(v, "default_sec")
+        ),
+    });
+    out
+}
+
 fn setting_table(v: &Value) -> String {
     let row = ["key", "old_value", "value", "updated_by"]
         .iter()
@@ -276,6 +447,18 @@ fn job_cells(j: &Value) -> Vec<String> {
     ]
 }
 
+/// The lease a dry-run job was last given and where it came from
+/// (`30s kind`), or `-` when no claim or heartbeat recorded one.
+fn lease_cell(j: &Value) -> String {
+    match (
+        j.get("lease_duration_sec").and_then(Value::as_i64),
+        j.get("lease_duration_source").and_then(Value::as_str),
+    ) {
+        (Some(sec), Some(source)) => format!("{sec}s {source}"),
+        _ => "-".to_owned(),
+    }
+}
+
 fn dry_run_table(v: &Value) -> String {
     if v["refused"] == Value::Bool(true) {
         return refusal_table(v);
@@ -286,12 +469,24 @@ fn dry_run_table(v: &Value) -> String {
         .iter()
         .map(|j| {
             let mut row = job_cells(j);
-            row.extend([cell(j, "overdue_seconds"), cell(j, "would_action")]);
+            row.extend([
+                lease_cell(j),
+                cell(j, "overdue_seconds"),
+                cell(j, "would_action"),
+            ]);
             row
         })
         .collect();
     let mut out = table::render(
-        &["JOB", "KIND", "OWNER", "ATTEMPTS", "OVERDUE_S", "WOULD"],
+        &[
+            "JOB",
+            "KIND",
+            "OWNER",
+            "ATTEMPTS",
+            "LEASE",
+            "OVERDUE_S",
+            "WOULD",
+        ],
         &rows,
     );
     out.push_str(&format!(

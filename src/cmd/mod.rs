@@ -26,6 +26,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Alive { max_age } => alive::run(Duration::from_secs(max_age)),
         Command::Jobs(cmd) => jobs::jobs(cmd).await,
         Command::Gates(args) => jobs::gates(args).await,
+        Command::Leases(args) => jobs::leases(args).await,
     }
 }
 

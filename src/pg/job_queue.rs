@@ -1,5 +1,5 @@
-//! The job queue in PostgreSQL: statements on it and its gates, and the
-//! job reaper's connection and apply transaction.
+//! The job queue in PostgreSQL: statements on it, its gates and its lease
+//! durations, and the job reaper's connection and apply transaction.
 //!
 //! The statements call the SQL functions in
 //! `migrations/20261129000200_job_queue.sql`, each returning that function's
@@ -46,8 +46,33 @@ SELECT pg_catalog.jsonb_build_object(
 /// unknown key, an ill-typed value or an empty actor with SQLSTATE 22023.
 pub const SET_GATE: &str = "SELECT fn_queue_setting_set($1, $2, $3)::text";
 
-/// SQLSTATE `invalid_parameter_value`: how the setter says "rejected".
+/// SQLSTATE `invalid_parameter_value`: how the setters say "rejected".
 pub const REJECTED_SQLSTATE: &str = "22023";
+
+/// Every kind's own lease duration with who set it last, and the default
+/// every other kind leases for (`queue.lease.duration_sec`, as
+/// `fn_job_default_lease_sec` reads it). Built-ins `pg_catalog.`-qualified,
+/// as in `SHOW_GATES`.
+pub const SHOW_LEASES: &str = "
+SELECT pg_catalog.jsonb_build_object(
+           'kinds', coalesce((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                                         'job_kind', k.job_kind,
+                                         'lease_sec', k.lease_sec,
+                                         'updated_at', k.updated_at,
+                                         'updated_by', k.updated_by) ORDER BY k.job_kind)
+                                FROM job_kind_lease AS k), '[]'::pg_catalog.jsonb),
+           'default', pg_catalog.jsonb_build_object(
+                          'setting', 'queue.lease.duration_sec',
+                          'lease_sec', fn_job_default_lease_sec(),
+                          'updated_at', (SELECT s.updated_at FROM queue_setting AS s
+                                          WHERE s.key OPERATOR(pg_catalog.=) 'queue.lease.duration_sec'),
+                          'updated_by', (SELECT s.updated_by FROM queue_setting AS s
+                                          WHERE s.key OPERATOR(pg_catalog.=) 'queue.lease.duration_sec')))::text";
+
+/// The audited kind-duration setter: `$1` = kind, `$2` = seconds (NULL
+/// clears the kind's duration), `$3` = actor. Rejects an empty kind or actor
+/// and seconds outside 1..86400 with SQLSTATE 22023.
+pub const SET_KIND_LEASE: &str = "SELECT fn_job_kind_lease_set($1, $2, $3)::text";
 
 pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(DRY_RUN)
@@ -87,6 +112,29 @@ pub async fn set_gate(
         .persistent(false)
         .bind(key)
         .bind(value)
+        .bind(actor)
+        .fetch_one(conn)
+        .await
+}
+
+pub async fn show_leases(conn: &mut PgConnection) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(SHOW_LEASES)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
+}
+
+/// Sets `kind`'s lease duration, or clears it when `seconds` is `None`.
+pub async fn set_kind_lease(
+    conn: &mut PgConnection,
+    kind: &str,
+    seconds: Option<i32>,
+    actor: &str,
+) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(SET_KIND_LEASE)
+        .persistent(false)
+        .bind(kind)
+        .bind(seconds)
         .bind(actor)
         .fetch_one(conn)
         .await

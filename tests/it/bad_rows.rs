@@ -690,7 +690,8 @@ async fn a_job_that_fails_inside_the_dry_run_is_set_aside_and_the_gauge_still_co
     exec(
         &mut conn,
         "CREATE OR REPLACE FUNCTION fn_job_dry_run_object(p_job_id uuid, p_job_kind text, p_lease_owner text,
-             p_lease_until timestamptz, p_attempts integer, p_max_attempts integer)
+             p_lease_until timestamptz, p_attempts integer, p_max_attempts integer,
+             p_lease_duration_sec integer, p_lease_duration_source text)
          RETURNS jsonb LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
          BEGIN
              IF p_job_kind = 'cursed' THEN RAISE EXCEPTION 'cannot describe %', p_job_id; END IF;

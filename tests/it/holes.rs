@@ -69,7 +69,8 @@ async fn hits(conn: &mut PgConnection) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrate_or_the_daemon() {
+async fn planted_overloads_never_run_as_the_operator_for_gates_leases_check_jobs_migrate_or_the_daemon()
+ {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let LoginRole {
@@ -93,6 +94,11 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrat
     assert!(out.contains("queue.lease.reaper_enabled"), "{out}");
     let (code, out) = run_binary(&["jobs", "dry-run"], &db.url).await;
     assert_eq!(code, Some(0), "dry-run: {out}");
+    let (code, out) = run_binary(&["leases", "set", "k", "60", "--actor", "ops"], &db.url).await;
+    assert_eq!(code, Some(0), "leases set: {out}");
+    let (code, out) = run_binary(&["leases"], &db.url).await;
+    assert_eq!(code, Some(0), "leases: {out}");
+    assert!(out.contains("every other kind: 300 s"), "{out}");
     let (code, out) = run_binary(&["check"], &db.url).await;
     assert_eq!(code, Some(1), "check fails on the planted overloads: {out}");
     assert!(
@@ -157,7 +163,7 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_check_jobs_migrat
         "control: an unqualified call does run the planted aggregate"
     );
     eprintln!(
-        "FIGURES holes_planted: commands=6 (gates, dry-run, check, migrate, apply, run) planted=9 ran_as_operator=0"
+        "FIGURES holes_planted: commands=8 (gates, dry-run, leases set, leases, check, migrate, apply, run) planted=9 ran_as_operator=0"
     );
 }
 

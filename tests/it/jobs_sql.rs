@@ -327,6 +327,8 @@ async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does
                 "attempts",
                 "job_id",
                 "job_kind",
+                "lease_duration_sec",
+                "lease_duration_source",
                 "lease_owner",
                 "lease_until",
                 "max_attempts",

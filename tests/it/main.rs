@@ -10,6 +10,7 @@ mod faults;
 mod held_count;
 mod holes;
 mod hostile;
+mod job_lease_duration;
 mod jobs_cli;
 mod jobs_daemon;
 mod jobs_sql;

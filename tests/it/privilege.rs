@@ -178,7 +178,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
             .collect();
     assert_eq!(tables, expected);
 
-    // job_queue: only the dry run's columns are readable, never a payload.
+    // job_queue: only the dry run's columns are readable, never a payload
+    // or metadata.
     let readable: BTreeSet<String> = sqlx::query_scalar(
         "SELECT a.attname::text FROM pg_attribute a
           WHERE a.attrelid = 'job_queue'::regclass AND a.attnum > 0 AND NOT a.attisdropped
@@ -197,6 +198,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
         "max_attempts",
         "lease_owner",
         "lease_until",
+        "lease_duration_sec",
+        "lease_duration_source",
     ]
     .iter()
     .map(|c| (*c).to_owned())
