@@ -304,8 +304,8 @@ count_alive() {
 # grep_count PATTERN DIR: matching lines over every stdout and stderr file
 grep_count() { cat "$2"/*.out "$2"/*.err | grep -c -- "$1" || true; }
 
-# What each daemon's held-lease recount costs the server (once per
-# HELD_COUNT_INTERVAL, 10 s, per daemon), in CPU, not wall time (the machine
+# What the fleet's held-lease recount costs the server (once per
+# HELD_COUNT_MAX_AGE, 3 s, for the whole fleet), in CPU, not wall time (the machine
 # may be loaded): 50 count(*) in one session, no daemon running, the
 # cluster's CPU before and after (one connection start included, /50).
 c0=$(pg_ticks)
@@ -464,7 +464,7 @@ row "PgBouncer log errors/warnings" "$BOUNCER_ERRORS" "" "${BOUNCER_FDS:-}"
 row "database CPU, no daemon" "$(fmt "$BASE_PG" 2) ms/s" "" ""
 goal "$IDLE_PG_PER" 0.2
 row "database CPU, $DAEMONS idle via PgBouncer" "$(fmt "$IDLE_PG" 1) ms/s = **$(fmt "$IDLE_PG_PER" 3) ms/s per daemon**" "goal ≤ 0.2 ms/s per daemon (issue 12)" "$V"
-row "server transactions, $DAEMONS idle via PgBouncer" "$(fmt "$(calc "$IDLE_XACTS / $IDLE_EL / $DAEMONS")" 2) per daemon per s; $(fmt "$(calc "$M_IDLE_PG_MS / $((IDLE_XACTS > 0 ? IDLE_XACTS : 1))")" 3) ms database CPU each" "" "held recount (count(*) at $LEASES leases): $(fmt "$COUNT_MS" 1) ms of CPU, once per 10 s for the whole fleet (shared count) = $(fmt "$(calc "$COUNT_MS / 10 / $DAEMONS")" 4) ms/s per daemon"
+row "server transactions, $DAEMONS idle via PgBouncer" "$(fmt "$(calc "$IDLE_XACTS / $IDLE_EL / $DAEMONS")" 2) per daemon per s; $(fmt "$(calc "$M_IDLE_PG_MS / $((IDLE_XACTS > 0 ? IDLE_XACTS : 1))")" 3) ms database CPU each" "" "held recount (count(*) at $LEASES leases): $(fmt "$COUNT_MS" 1) ms of CPU, once per 3 s for the whole fleet (shared count) = $(fmt "$(calc "$COUNT_MS / 3 / $DAEMONS")" 4) ms/s per daemon"
 row "PgBouncer CPU, idle" "$(fmt "$IDLE_BOUNCER" 1) ms/s ($(fmt "$(calc "$IDLE_BOUNCER / $DAEMONS")" 3) per daemon)" "" ""
 row "daemon CPU, idle" "$(fmt "$IDLE_DAEMONS_PER" 3) ms/s per daemon ($(fmt "$(calc "$IDLE_DAEMONS_PER * $DAEMONS")" 1) ms/s in all)" "" ""
 if ((DIRECT > 0)); then

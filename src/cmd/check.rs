@@ -92,6 +92,8 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("lock_reap_expired_walk"),
     Object::Function("lock_held_count_get"),
     Object::Function("lock_sweep_probe"),
+    // Sweeps lower the shared count at once (migrations/20261201000100_…).
+    Object::Table("lock_held_delta"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),

@@ -53,8 +53,9 @@ SELECT lock_key, owner_id, token, late, now_micros, next_page
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired, is any takeover recorded, and the
-/// shared held count at most `HELD_COUNT_MAX_AGE` old (NULL when something
-/// is expired: the sweep reads it after deleting). Sent alone with the
+/// shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
+/// was swept since; NULL when something is expired: the sweep reads it after
+/// deleting). Sent alone with the
 /// simple protocol (`conn::probe_row`): one round trip, the argument a
 /// compile-time literal.
 pub const SWEEP_PROBE: &str = concat!(
@@ -64,10 +65,11 @@ pub const SWEEP_PROBE: &str = concat!(
 );
 
 /// Leases currently held, expired-but-unswept ones included, from the count
-/// the fleet shares (`lock_held_count_get` in `migrations/`): one primary-key
-/// probe, and a `count(*)` only by the one caller that finds the shared count
-/// older than `$1` ms and wins its row. Returns the count and whether this
-/// call recounted.
+/// the fleet shares (`lock_held_count_get` in `migrations/`): the stored
+/// count less the leases every batch committed since it has swept, read in
+/// one statement, and a `count(*)` only by the one caller that finds the
+/// stored count older than `$1` ms and wins its row. Returns the count and
+/// whether this call recounted.
 pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
 
 type LeaseRow = (
@@ -203,8 +205,9 @@ pub async fn sweep_probe(
     Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
 }
 
-/// The shared held-lease count, at most `max_age_millis` old (plus one
-/// count's duration), and whether this call was the one that recounted.
+/// The shared held-lease count (counted at most `max_age_millis` ago, plus
+/// one count's duration, less what was swept since), and whether this call
+/// was the one that recounted.
 pub async fn held_count(
     conn: &mut PgConnection,
     max_age_millis: i64,
@@ -220,6 +223,7 @@ pub async fn held_count(
 mod tests {
     use super::*;
     use crate::pg::lock_store::HELD_COUNT_MAX_AGE;
+    use crate::sweep::SWEEP_DELAY;
 
     #[test]
     fn the_probe_carries_the_named_max_age() {
@@ -229,6 +233,17 @@ mod tests {
                 "SELECT expired, takeovers, held FROM lock_sweep_probe({})",
                 HELD_COUNT_MAX_AGE.as_millis()
             )
+        );
+    }
+
+    /// What docs/metrics-and-logs.md promises for `lock.held.current`: an
+    /// acquisition or release is in every daemon's gauge within the max age
+    /// plus two sweep periods, at most 5 s on an idle fleet.
+    #[test]
+    fn the_gauge_shows_the_lock_servers_work_within_five_seconds() {
+        assert!(
+            HELD_COUNT_MAX_AGE + 2 * SWEEP_DELAY <= std::time::Duration::from_secs(5),
+            "{HELD_COUNT_MAX_AGE:?} + 2 x {SWEEP_DELAY:?}"
         );
     }
 }

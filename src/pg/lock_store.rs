@@ -23,18 +23,26 @@ use crate::store::{LockStore, StoreError, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
-/// How old the shared held-lease count may be before a caller recounts it:
-/// the `lock.held.current` gauge is at most this (plus one count) stale. Ten
-/// seconds is the flush interval of Etsy statsd and the Datadog agent, so a
-/// fresher count would never be seen; the recount is a full scan, done once
-/// per interval by one daemon of the whole fleet (docs/performance.md).
+/// How old the shared held-lease count may be before a caller recounts it.
+///
+/// Sweeps need no recount: every batch records the leases it deleted
+/// (`lock_held_delta`) and every reading subtracts them, so a sweep is in
+/// the sweeping daemon's gauge in the same pass and in every other daemon's
+/// at its next pass. What only a recount sees is the lock server's work:
+/// acquisitions, releases, and sweeps of leases written after the count.
+/// Those reach every daemon's `lock.held.current` within this age plus two
+/// sweep periods (`SWEEP_DELAY` and a pass each; the second one when a daemon
+/// reads while another is recounting and gets the previous count rather than
+/// wait): 3 s + 2 x 1 s = 5 s on an idle fleet. The recount is a full scan,
+/// done once per interval by one daemon of the whole fleet
+/// (docs/performance.md).
 pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
 
 /// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
 /// (`lock_entry::SWEEP_PROBE`) can carry it without building SQL at run time.
 macro_rules! held_count_max_age_ms {
     () => {
-        10000
+        3000
     };
 }
 pub(crate) use held_count_max_age_ms;

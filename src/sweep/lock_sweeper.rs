@@ -92,9 +92,10 @@ impl<S: LockStore> LockSweeper<S> {
                 return Ok(outcome);
             }
         }
-        // The store's count is shared by the fleet and at most its documented
-        // age (PgLockStore: 10 s): one cheap read per sweep, one recount per
-        // interval for all replicas together.
+        // The store's count is shared by the fleet and already lowered by
+        // this sweep's deletions (PgLockStore: by the database, in the same
+        // read); one cheap read per sweep, one recount per interval for all
+        // replicas together.
         let held = self.store.held_count().await?;
         self.metrics.held_current(backend, held.max(0) as u64);
         outcome.held = Some(held);
