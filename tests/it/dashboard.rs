@@ -132,27 +132,35 @@ async fn every_dashboard_panel_evaluates_and_the_core_ones_show_what_happened() 
             STALE as f64,
         ),
     ];
+    let queries = panel_queries();
     wait_until(
         Duration::from_secs(40),
-        "Prometheus holding the final numbers",
+        "Prometheus holding the final numbers, and every panel a result",
         || async {
             for (expr, want) in settled {
                 if prometheus.value(expr).await != Some(want) {
                     return false;
                 }
             }
-            // Rates need two samples of the last change.
-            prometheus
-                .value("sum(lease_sweeper:queue_lease_reaped:rate5m)")
-                .await
-                .is_some_and(|v| v > 0.0)
+            // A rate needs two samples of a series, and mtail exports a
+            // labelled counter only from its first increment.
+            for (_, expr) in &queries {
+                let answer = prometheus.query(expr).await;
+                if answer["data"]["result"]
+                    .as_array()
+                    .is_some_and(|r| r.is_empty())
+                {
+                    return false;
+                }
+            }
+            true
         },
     )
     .await;
 
     // Every panel's every query: parses, evaluates, and gives a result.
     let mut answers: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-    for (title, expr) in panel_queries() {
+    for (title, expr) in queries {
         let answer = prometheus.query(&expr).await;
         assert_eq!(answer["status"], "success", "{title}: {expr}: {answer}");
         let result = &answer["data"]["result"];
