@@ -22,7 +22,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::pg::job_queue::{ApplyBatch, Gates, PgJobQueue};
 use crate::store::StoreError;
-use crate::sweep::{Drain, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles: apply's own maximum.
 /// Measured (docs/performance.md): 100,000 stale jobs took 4.6-4.9 s in
@@ -50,6 +50,19 @@ pub struct JobOutcome {
     pub refused: Option<String>,
     /// The pass stopped early because shutdown was requested.
     pub interrupted: bool,
+}
+
+impl Outcome for JobOutcome {
+    fn log_done(&self) {
+        tracing::debug!(
+            reset = self.reset,
+            deadLettered = self.dead_lettered,
+            stale = self.stale,
+            refused = self.refused.as_deref(),
+            interrupted = self.interrupted,
+            "job_reap_done"
+        );
+    }
 }
 
 /// The gates' answer as last logged, so a change is logged once.

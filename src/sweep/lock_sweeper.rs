@@ -15,7 +15,7 @@ use crate::model::ExpiredLease;
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::store::{LockStore, StoreError};
-use crate::sweep::{Drain, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes. Bounds the row locks a sweeper holds,
 /// the lines buffered before a commit and the memory of a backlog drain; see
@@ -37,6 +37,19 @@ pub struct SweepOutcome {
     pub held: Option<i64>,
     /// The sweep stopped early because shutdown was requested.
     pub interrupted: bool,
+}
+
+impl Outcome for SweepOutcome {
+    fn log_done(&self) {
+        tracing::debug!(
+            swept = self.swept,
+            takenOver = self.taken_over,
+            batches = self.batches,
+            held = self.held,
+            interrupted = self.interrupted,
+            "sweep_done"
+        );
+    }
 }
 
 /// The lock-lease service.

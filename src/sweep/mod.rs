@@ -21,7 +21,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use crate::output::metrics::Metrics;
 use crate::progress::Beat;
@@ -41,10 +41,17 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// While the same error persists, it is logged again at most this often.
 pub const ERROR_REPEAT: Duration = Duration::from_secs(60);
 
+/// What one pass of a service did.
+pub trait Outcome: Debug + Send {
+    /// Logs it at DEBUG as `<work>_done` with one logfmt field per count,
+    /// so a log query can read them without parsing a Rust value.
+    fn log_done(&self);
+}
+
 /// One maintenance service: a pass, and the names its loop logs under.
 pub trait Service: Send {
     /// What a pass did; logged at DEBUG by the loop.
-    type Outcome: Debug + Send;
+    type Outcome: Outcome;
 
     /// The service's own events: `<name>_started`, `<name>_stopped`.
     const NAME: &'static str;
@@ -87,7 +94,7 @@ pub async fn run<S: Service>(
                 Ok(outcome) => {
                     metrics.pass_finished(S::SERVICE, true, started.elapsed());
                     errors.succeeded();
-                    debug!(outcome = ?outcome, "{}_done", S::WORK);
+                    outcome.log_done();
                 }
                 Err(e) => {
                     metrics.pass_finished(S::SERVICE, false, started.elapsed());

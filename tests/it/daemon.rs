@@ -240,3 +240,48 @@ async fn migrate_is_idempotent_and_fails_with_1_when_the_server_is_unreachable()
         "{all}"
     );
 }
+
+#[tokio::test]
+async fn at_debug_a_pass_logs_its_counts_as_logfmt_fields() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let port = statsd.port.to_string();
+    let mut env = daemon_env(&db.url, &port);
+    env.push(("RUST_LOG", "info,lease_sweeper=debug"));
+    insert_expired(&mut conn, "counted-", 2, 100).await;
+    let mut daemon = Daemon::spawn(&env);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 2)
+        .await;
+    daemon
+        .wait_for_events("job_reap_done", 1, Duration::from_secs(10))
+        .await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+
+    let sweeps = events(&lines, "sweep_done");
+    let busy = sweeps
+        .iter()
+        .find(|s| s["swept"] == "2")
+        .unwrap_or_else(|| panic!("no sweep_done with swept=2 in {sweeps:?}"));
+    for (field, value) in [
+        ("takenOver", "0"),
+        ("batches", "1"),
+        ("held", "0"),
+        ("interrupted", "false"),
+    ] {
+        assert_eq!(busy[field], value, "{field} in {busy:?}");
+    }
+    assert!(!busy.contains_key("outcome"), "{busy:?}");
+    let job = &events(&lines, "job_reap_done")[0];
+    assert_eq!(
+        (
+            job["reset"].as_str(),
+            job["deadLettered"].as_str(),
+            job["stale"].as_str()
+        ),
+        ("0", "0", "0")
+    );
+    assert_eq!(job["refused"], "queue.job_substrate.enabled=false");
+}
