@@ -8,6 +8,7 @@ use lease_sweeper::{cli::Cli, cmd, output::telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = cmd::name(&cli.command);
     if let Err(e) = telemetry::init(cmd::log_output(&cli.command)) {
         eprintln!("lease-sweeper: {e}");
         return ExitCode::from(2);
@@ -25,7 +26,7 @@ fn main() -> ExitCode {
     match runtime.block_on(cmd::execute(cli)) {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "failed");
+            tracing::error!(command, error = %format!("{e:#}"), "failed");
             cmd::exit_code_for(&e)
         }
     }

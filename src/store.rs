@@ -69,13 +69,14 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 /// cause (scrubbed of secrets); `source()` is the driver's own error.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error(
-        "{work}: cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)"
-    )]
+    #[error("{work}: cannot connect to {target}: {cause} ({hint})")]
     Connect {
         work: Work,
         target: String,
         cause: String,
+        /// What to check (a password, a role, a database, TLS, or whether
+        /// the server is reachable at all).
+        hint: &'static str,
     },
     /// Reachable, but no host is a server the services may use (every one a
     /// hot standby, say): the cause is the whole message.

@@ -14,7 +14,7 @@ pub async fn run() -> anyhow::Result<()> {
     let mut conn = crate::pg::conn::connect(&db).await?;
     crate::pg::migrate::migrate(&mut conn)
         .await
-        .map_err(|e| anyhow::anyhow!(db.redactor().redact(&e.to_string())))
+        .map_err(|e| anyhow::anyhow!(db.redactor().redact(&what_failed(&e))))
         .with_context(|| format!("applying migrations to {}", db.display()))?;
     info!(
         database = db.display(),
@@ -22,4 +22,25 @@ pub async fn run() -> anyhow::Result<()> {
         "migrated"
     );
     Ok(())
+}
+
+/// A failed migration named by its version and description, with the
+/// server's words, and what it leaves behind: each migration runs in one
+/// transaction, so the failed one changed nothing and the ones before it
+/// stay applied.
+fn what_failed(err: &sqlx::migrate::MigrateError) -> String {
+    match err {
+        sqlx::migrate::MigrateError::ExecuteMigration(source, version) => {
+            let description = MIGRATOR
+                .iter()
+                .find(|m| m.version == *version)
+                .map_or(String::new(), |m| format!(" ({})", m.description));
+            format!(
+                "migration {version}{description} failed and was rolled back, the ones before it \
+                 stay applied: {}; fix that, then run lease-sweeper migrate again",
+                crate::pg::conn::describe(source)
+            )
+        }
+        other => other.to_string(),
+    }
 }

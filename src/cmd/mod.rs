@@ -30,6 +30,21 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The subcommand's name, as typed: the `command` field of the `failed`
+/// line, so a failure says which command failed.
+pub fn name(command: &Command) -> &'static str {
+    match command {
+        Command::Run => "run",
+        Command::Migrate => "migrate",
+        Command::Demo => "demo",
+        Command::Check => "check",
+        Command::Alive { .. } => "alive",
+        Command::Jobs(_) => "jobs",
+        Command::Gates(_) => "gates",
+        Command::Leases(_) => "leases",
+    }
+}
+
 /// The daemon and the demo log to stdout; one-shot commands keep stdout for
 /// their result and log to stderr.
 pub fn log_output(command: &Command) -> crate::output::telemetry::Output {

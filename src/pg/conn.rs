@@ -225,8 +225,13 @@ pub enum BatchFailure {
 /// A connection that could not be opened: where to, and why (no secret).
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("cannot connect to {target}: {cause} (is the server up, and does LOCKDB_URL name it?)")]
-    Unreachable { target: String, cause: String },
+    #[error("cannot connect to {target}: {cause} ({hint})")]
+    Unreachable {
+        target: String,
+        cause: String,
+        /// What to check, from the cause (`login_hint`).
+        hint: &'static str,
+    },
     /// Reachable, but no host is a server the sweeper may use (every one a
     /// hot standby, say): the cause is the whole message.
     #[error("{target}: {cause}")]
@@ -245,10 +250,15 @@ impl ConnectError {
     /// The same failure as a service's store error.
     pub fn for_work(self, work: Work) -> StoreError {
         match self {
-            ConnectError::Unreachable { target, cause } => StoreError::Connect {
+            ConnectError::Unreachable {
+                target,
+                cause,
+                hint,
+            } => StoreError::Connect {
                 work,
                 target,
                 cause,
+                hint,
             },
             ConnectError::Topology { target, cause } => StoreError::Topology {
                 work,
@@ -309,7 +319,34 @@ fn walk_failed(target: &DbTarget, walk: &WalkError) -> ConnectError {
     ConnectError::Unreachable {
         target: target.display().to_owned(),
         cause: redact(cause),
+        hint: login_hint(walk),
     }
+}
+
+/// What the operator should check, from why the hosts refused: a refused
+/// password, role or database, or TLS, each say so; only when none of those
+/// came back is it about reaching the server at all.
+const CHECK_PASSWORD: &str = "check the password: the URL's, PGPASSWORD or ~/.pgpass (PGPASSFILE)";
+const CHECK_ROLE: &str = "check the user name, and that pg_hba.conf lets it connect from this host";
+const CHECK_DATABASE: &str = "check the database name (the URL's path or PGDATABASE): it must exist; `lease-sweeper migrate` creates the schema, not the database";
+const CHECK_TLS: &str =
+    "check TLS: sslmode, sslrootcert (the server's CA), and that the server has TLS on";
+const CHECK_REACHABLE: &str = "is the server up, and do the host and port name it?";
+
+fn login_hint(walk: &WalkError) -> &'static str {
+    walk.attempts
+        .iter()
+        .find_map(|(_, failure)| match failure {
+            HostFailure::Connect(sqlx::Error::Tls(_)) => Some(CHECK_TLS),
+            HostFailure::Connect(sqlx::Error::Database(db)) => match db.code().as_deref() {
+                Some("28P01") => Some(CHECK_PASSWORD),
+                Some("28000") => Some(CHECK_ROLE),
+                Some("3D000") => Some(CHECK_DATABASE),
+                _ => None,
+            },
+            _ => None,
+        })
+        .unwrap_or(CHECK_REACHABLE)
 }
 
 /// Opens a batch's transaction, guarded like every other (`BEGIN_GUARDED`).

@@ -139,3 +139,78 @@ async fn json_flag_prints_the_functions_json_unchanged() {
     }
     assert_eq!(printed, expected);
 }
+
+/// Each way a login fails says what to check, not only whether the server
+/// is up: a missing database, a missing role, TLS the server lacks, and a
+/// port nobody listens on.
+#[tokio::test]
+async fn a_login_failure_says_what_to_check() {
+    let db = TestDb::new().await;
+    let url = url::Url::parse(&db.url).unwrap();
+    let with = |f: &dyn Fn(&mut url::Url)| {
+        let mut u = url.clone();
+        f(&mut u);
+        u.to_string()
+    };
+    let cases = [
+        (
+            with(&|u| u.set_path("/no_such_database")),
+            "does not exist",
+            "(check the database name (the URL's path or PGDATABASE): it must exist",
+        ),
+        (
+            with(&|u| u.set_username("no_such_role").unwrap()),
+            "role \"no_such_role\" does not exist",
+            "(check the user name, and that pg_hba.conf lets it connect from this host)",
+        ),
+        (
+            with(&|u| {
+                u.query_pairs_mut().append_pair("sslmode", "require");
+            }),
+            "TLS",
+            "(check TLS: sslmode, sslrootcert (the server's CA), and that the server has TLS on)",
+        ),
+        (
+            "postgres://nobody@127.0.0.1:1/none".to_owned(),
+            "Connection refused",
+            "(is the server up, and do the host and port name it?)",
+        ),
+    ];
+    for (target, cause, hint) in cases {
+        let (code, out) = crate::support::run_binary(&["migrate"], &target).await;
+        assert_eq!(code, Some(1), "{target}: {out}");
+        let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+        let error = &crate::support::events(&lines, "failed")[0]["error"];
+        assert!(
+            error.contains(cause) && error.contains(hint),
+            "{target}: wants {cause:?} and {hint:?} in: {error}"
+        );
+    }
+}
+
+/// A migration that fails is named (version and description), with the
+/// server's words and SQLSTATE, what it leaves behind and what to do next;
+/// the `failed` line says which command it was.
+#[tokio::test]
+async fn a_failed_migration_is_named_with_what_to_do() {
+    let db = TestDb::empty().await;
+    let mut conn = db.connect().await;
+    crate::support::exec(&mut conn, "CREATE TABLE lock_session (x int)").await;
+
+    let (code, out) = crate::support::run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(1), "{out}");
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    let failed = &crate::support::events(&lines, "failed")[0];
+    assert_eq!(failed["command"], "migrate");
+    let first = lease_sweeper::pg::migrate::MIGRATOR.iter().next().unwrap();
+    for part in [
+        format!(
+            "migration {} ({}) failed and was rolled back",
+            first.version, first.description
+        ),
+        "relation \"lock_session\" already exists (SQLSTATE 42P07)".to_owned(),
+        "run lease-sweeper migrate again".to_owned(),
+    ] {
+        assert!(failed["error"].contains(&part), "{part:?} in {failed:?}");
+    }
+}

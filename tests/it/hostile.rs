@@ -309,6 +309,11 @@ async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_
             failed["error"].contains("password authentication failed for user \"sweeper\""),
             "{name}: names the cause: {failed:?}"
         );
+        assert!(
+            failed["error"].contains("(check the password: the URL's, PGPASSWORD or ~/.pgpass")
+                && !failed["error"].contains("is the server up"),
+            "{name}: says what to check: {failed:?}"
+        );
     }
     for (name, mut d) in daemons {
         let (code, _) = d.stop().await;
