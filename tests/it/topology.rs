@@ -757,7 +757,7 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
         // the throwaway cluster has.
         Some(_) => "postgres".to_owned(),
         None => {
-            let me = lease_sweeper::libpq::os_user_name().unwrap();
+            let me = pgconn::os_user_name().unwrap();
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
                     .bind(&me)
