@@ -26,6 +26,7 @@ WORKDIR /src
 # Only what the binary is built from (migrations are embedded at compile time).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 COPY migrations ./migrations
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin lease-sweeper \
  && cp target/x86_64-unknown-linux-musl/release/lease-sweeper /lease-sweeper \

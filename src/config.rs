@@ -5,7 +5,8 @@
 //! (never with its password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
-use crate::libpq::{SessionAttrs, Target, process_env};
+pub use pgconn::Redactor;
+use pgconn::{SessionAttrs, Target, process_env};
 
 /// Default StatsD agent address: the node-local agent of most pipelines.
 pub const DEFAULT_STATSD_HOST: &str = "127.0.0.1";
@@ -55,111 +56,66 @@ pub fn metrics_addr_from_env() -> Result<Option<std::net::SocketAddr>, ConfigErr
     }
 }
 
-/// Where the lock database is, with a password-free name for messages.
-#[derive(Clone)]
-pub struct DbTarget {
-    target: Target,
-    display: String,
-    secrets: Vec<String>,
-}
+/// Where the lock database is: the resolved target itself (its hosts, its
+/// password-free name, its redactor), plus what the daemon asks of it.
+#[derive(Clone, Debug)]
+pub struct DbTarget(Target);
 
 impl DbTarget {
     /// `LOCKDB_URL`, else `DATABASE_URL`, else libpq's `PG*` variables and
-    /// defaults (`crate::libpq` has the rules).
+    /// defaults (the `pgconn` crate has the rules).
     pub fn from_env() -> Result<Self, ConfigError> {
         for var in ["LOCKDB_URL", "DATABASE_URL"] {
             if let Some(url) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
                 return Self::from_url(var, &url);
             }
         }
-        let target = Target::resolve(None, &process_env).map_err(ConfigError::PgVariables)?;
-        Ok(Self::new(target))
+        Target::resolve(None, &process_env)
+            .map(Self)
+            .map_err(|e| ConfigError::PgVariables(e.to_string()))
     }
 
     /// Parses a URL (or `key=value` string) named `var` in messages, completed
-    /// from the `PG*` variables; the string itself is never echoed.
+    /// from the `PG*` variables; the string itself is never echoed, and the
+    /// cause comes scrubbed of its password.
     pub fn from_url(var: &'static str, url: &str) -> Result<Self, ConfigError> {
-        match Target::resolve(Some((var, url)), &process_env) {
-            Ok(target) => Ok(Self::new(target)),
-            Err(cause) => {
-                let mut secrets: Vec<String> = Vec::new();
-                if let Ok(parsed) = url::Url::parse(url)
-                    && let Some(pw) = parsed.password()
-                {
-                    secrets.push(pw.to_owned());
-                }
-                Err(ConfigError::DatabaseUrl {
-                    var,
-                    cause: Redactor(secrets).redact(&cause),
-                })
-            }
-        }
-    }
-
-    fn new(target: Target) -> Self {
-        Self {
-            display: target.display(),
-            secrets: target.secrets().to_vec(),
-            target,
-        }
+        Target::resolve(Some((var, url)), &process_env)
+            .map(Self)
+            .map_err(|e| ConfigError::DatabaseUrl {
+                var,
+                cause: e.to_string(),
+            })
     }
 
     /// The resolved libpq-style target: hosts, TLS, timeouts.
     pub fn target(&self) -> &Target {
-        &self.target
+        &self.0
     }
 
     /// What a connection must be: the operator's `target_session_attrs`, else
     /// `read-write`, since sweeping deletes (libpq's own default is `any`).
     pub fn session_attrs(&self) -> SessionAttrs {
-        self.target
-            .session_attrs()
-            .unwrap_or(SessionAttrs::ReadWrite)
+        self.0.session_attrs().unwrap_or(SessionAttrs::ReadWrite)
     }
 
     /// Where the target came from (variable names only): for `starting`.
     pub fn origin(&self) -> String {
-        self.target.origin().to_string()
+        self.0.origin().to_string()
     }
 
     /// Warnings about the configuration that did not stop us.
     pub fn notes(&self) -> &[String] {
-        self.target.notes()
+        self.0.notes()
     }
 
     /// `postgres://user@host:port/db` (hosts comma-separated): safe to log.
     pub fn display(&self) -> &str {
-        &self.display
+        self.0.display()
     }
 
     /// Scrubs the password out of any message about this database.
     pub fn redactor(&self) -> Redactor {
-        Redactor(self.secrets.clone())
-    }
-}
-
-impl std::fmt::Debug for DbTarget {
-    // Never print the passwords the target holds.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DbTarget")
-            .field("target", &self.display)
-            .finish()
-    }
-}
-
-/// Replaces every known secret in a message with `***`.
-#[derive(Clone, Default)]
-pub struct Redactor(Vec<String>);
-
-impl Redactor {
-    pub fn redact(&self, message: &str) -> String {
-        let mut out = message.to_owned();
-        for secret in &self.0 {
-            if !secret.is_empty() {
-                out = out.replace(secret.as_str(), "***");
-            }
-        }
-        out
+        self.0.redactor().clone()
     }
 }
 

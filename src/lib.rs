@@ -9,8 +9,8 @@
 //! - `pg`: connections, the schema, and each table's statements.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` seam and its error), `model` (the
-//!   records), `config` (the environment) over `libpq` (libpq's target rules
-//!   and the host walk), `shutdown` (signals), `progress`,
+//!   records), `config` (the environment) over the `pgconn` crate (libpq's
+//!   target rules and the host walk), `shutdown` (signals), `progress`,
 //!   `notify` and `heartbeat` (loop liveness for systemd and containers),
 //!   `throwaway` (a local PostgreSQL for the demo and the tests).
 
@@ -18,7 +18,6 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 mod heartbeat;
-pub mod libpq;
 pub mod model;
 mod notify;
 pub mod output;

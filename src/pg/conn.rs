@@ -1,7 +1,7 @@
 //! One managed connection per service, its transactions, and how database
 //! failures are told.
 //!
-//! Owns connecting (through the host walk of `libpq`), the guards every
+//! Owns connecting (through the host walk of `pgconn`), the guards every
 //! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order "report,
 //! then commit" of every batch, dropping a connection after any error so the
 //! next call walks the hosts again (a failover), and describing failures with
@@ -18,8 +18,9 @@ use std::time::Duration;
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
 use tracing::info;
 
+use pgconn::{HostFailure, Role, WalkError};
+
 use crate::config::DbTarget;
-use crate::libpq::{HostFailure, Role, WalkError};
 use crate::store::{Report, StoreError, Work};
 
 // The two guards below are set with `SET LOCAL` at the start of every

@@ -1,7 +1,7 @@
 //! The PostgreSQL layer: connections, the schema, and each table's
 //! statements beside the code that runs them.
 //!
-//! `conn` opens (through the host walk of the leaf module `libpq`) and describes connections; `migrate` applies the bundled
+//! `conn` opens (through the host walk of the `pgconn` crate) and describes connections; `migrate` applies the bundled
 //! schema; `lock_entry` holds the statements on `lock_entry` and its takeover
 //! outbox, run in batches by `lock_store` (the `LockStore` for `backend=pg`);
 //! `job_queue` holds the job queue's statements and its apply transaction.

@@ -1,7 +1,7 @@
 //! Deployment topologies with the real components: PgBouncer 1.18 in
 //! transaction mode, a primary with a streaming hot standby (failover by
-//! promotion), a standby alone, verify-full TLS with a CA made here, and
-//! libpq's defaults as a non-root OS user.
+//! promotion), a standby alone, verify-full TLS with a CA made here,
+//! libpq's defaults as a non-root OS user, and `hostaddr`.
 //!
 //! Each prints its measured figures (`FIGURES …`, shown with `--nocapture`)
 //! for docs/topologies.md.
@@ -17,7 +17,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
-    Daemon, StatsdCapture, TestDb, acquire, blocking, count, daemon_env, events, fields,
+    Daemon, StatsdCapture, TempDir, TestDb, acquire, blocking, count, daemon_env, events, fields,
     insert_expired, insert_stale_jobs, wait_until,
 };
 use crate::topology_support::{Bouncer, Certs, free_port, sbin, unprivileged};
@@ -757,7 +757,7 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
         // the throwaway cluster has.
         Some(_) => "postgres".to_owned(),
         None => {
-            let me = lease_sweeper::libpq::os_user_name().unwrap();
+            let me = pgconn::os_user_name().unwrap();
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
                     .bind(&me)
@@ -830,5 +830,87 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
     assert!(
         starting["database"].starts_with(&format!("postgres://{os_user}@")),
         "{starting:?}"
+    );
+}
+
+/// `hostaddr` is where the connection goes (the host name is never looked
+/// up: a `.invalid` name cannot resolve), and the host name is what the
+/// password file is matched with, as in libpq.
+#[tokio::test]
+async fn hostaddr_is_connected_to_and_the_password_file_is_matched_by_the_host_name() {
+    use lease_sweeper::config::DbTarget;
+    use lease_sweeper::pg::conn::connect;
+    const PASSWORD: &str = "Hostaddr-S3cret-pw";
+    const NAME: &str = "lockdb.invalid";
+    let port = free_port();
+    let pg = blocking(move || ThrowawayPg::start_tcp(port, &[]))
+        .await
+        .expect("a PostgreSQL on loopback TCP");
+    let mut conn = PgConnection::connect(&pg.url("postgres")).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE sweeper LOGIN PASSWORD '{PASSWORD}'"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    // The cluster trusts everyone; over TCP this role must give its password.
+    let hba = pg.data_dir().join("pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!("host all sweeper 127.0.0.1/32 scram-sha-256\n{rules}"),
+    )
+    .unwrap();
+    sqlx::raw_sql("SELECT pg_reload_conf()")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let dir = TempDir::new("hostaddr");
+    let passfile = dir.join("pgpass");
+    std::fs::write(
+        &passfile,
+        format!(
+            "127.0.0.1:{port}:postgres:sweeper:Wrong-for-the-address\n\
+             {NAME}:{port}:postgres:sweeper:{PASSWORD}\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = |host: &str, query: &str| {
+        let target = format!(
+            "postgres://sweeper@{host}:{port}/postgres?sslmode=disable&passfile={}{query}",
+            passfile.display()
+        );
+        DbTarget::from_url("LOCKDB_URL", &target).unwrap()
+    };
+
+    let target = url(NAME, "&hostaddr=127.0.0.1");
+    assert_eq!(
+        target.target().hosts()[0].display(),
+        format!("{NAME}:{port} (hostaddr 127.0.0.1)")
+    );
+    let mut session = connect(&target)
+        .await
+        .expect("connects to the hostaddr with the host name's password");
+    let (user, addr): (String, String) =
+        sqlx::query_as("SELECT current_user::text, host(inet_server_addr())")
+            .fetch_one(&mut session)
+            .await
+            .unwrap();
+    assert_eq!((user.as_str(), addr.as_str()), ("sweeper", "127.0.0.1"));
+
+    // Without hostaddr the name is looked up, and it does not resolve.
+    let err = connect(&url(NAME, "")).await.unwrap_err().to_string();
+    assert!(err.contains(NAME), "{err}");
+    // With the address alone, the address's line is used: the wrong password.
+    let err = connect(&url("", "&hostaddr=127.0.0.1"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("password authentication failed"), "{err}");
+    assert!(
+        !err.contains("Wrong-for") && !err.contains("S3cret"),
+        "{err}"
     );
 }
