@@ -125,22 +125,19 @@ async fn wait_sql(
     what: &str,
     ok: impl Fn(i64) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    crate::support::poll(Duration::from_secs(20), what, async || {
         let v: i64 = sqlx::query_scalar(sql)
             .bind(&db.name)
             .fetch_one(&mut *conn)
             .await
             .unwrap();
         if ok(v) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("last {v}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what} (last {v})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// The daemon's connections (its `application_name`) to the test database.
@@ -393,16 +390,15 @@ async fn wait_output(
     what: &str,
     ok: impl Fn(&[String]) -> bool,
 ) {
-    let deadline = Instant::now() + timeout;
-    while !ok(&daemon.lines()) {
-        if Instant::now() > deadline {
-            panic!(
-                "timed out after {timeout:?} waiting for {what}; daemon output:\n{}",
-                daemon.lines().join("\n")
-            );
+    crate::support::poll(timeout, what, || async {
+        let lines = daemon.lines();
+        if ok(&lines) {
+            Ok(())
+        } else {
+            Err(format!("daemon output:\n{}", lines.join("\n")))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 /// How many failing passes of each loop an outage lasts at least (counted by

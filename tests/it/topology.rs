@@ -401,15 +401,15 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
 }
 
 async fn wait_count(conn: &mut PgConnection, sql: &'static str, want: i64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let n = count(conn, sql).await;
+    crate::support::poll(Duration::from_secs(20), what, async || {
+        let n = count(&mut *conn, sql).await;
         if n == want {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{n}, want {want}"))
         }
-        assert!(Instant::now() < deadline, "{what}: {n}, want {want}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -697,25 +697,28 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
             .await;
     }
     // The client-certificate daemon is connected as certuser, over TLS.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
-              WHERE usename = 'certuser' AND ssl AND client_dn = '/CN=certuser'",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        if n >= 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no certuser session over TLS; the daemon said:\n{}",
-            daemons[3].lines().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::poll(
+        Duration::from_secs(10),
+        "a certuser session over TLS",
+        async || {
+            let daemon = &daemons[3];
+            {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid)
+                  WHERE usename = 'certuser' AND ssl AND client_dn = '/CN=certuser'",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+                if n >= 1 {
+                    Ok(())
+                } else {
+                    Err(format!("the daemon said:\n{}", daemon.lines().join("\n")))
+                }
+            }
+        },
+    )
+    .await;
     for d in &mut daemons {
         assert_eq!(d.stop().await.0, Some(0));
     }

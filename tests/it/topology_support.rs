@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::TempDir;
 
@@ -23,14 +23,16 @@ pub fn free_port() -> u16 {
 
 /// Waits until something accepts TCP connections on loopback `port`.
 pub async fn wait_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "{what} never listened on {port}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::wait_until(
+        Duration::from_secs(20),
+        &format!("{what} listening on {port}"),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        },
+    )
+    .await
 }
 
 /// uid/gid of the `postgres` user when we are root (PgBouncer and
