@@ -7,7 +7,8 @@ Owns the checks that need no database and no build, each finding printed as
 
   paths      a repository path (`src/…`, `tests/…`, `scripts/…`,
              `migrations/…`, `deploy/…`, `docs/…`, `systemd/…`, `man/…`,
-             `debian/…`) or a relative Markdown link in README.md, docs/*.md
+             `debian/…`, `crates/…`; a deep path in no directory of ours is
+             another project's) or a relative Markdown link in README.md, docs/*.md
              or src/cli.rs that names nothing in the tree; a `#anchor` that
              names no heading of the linked page;
   names      `module::name` in README.md or docs/*.md, where `module` is a
@@ -31,7 +32,8 @@ Owns the checks that need no database and no build, each finding printed as
   outside    a reference to something outside the repository (a design
              brief's section, a reference document, an issue or a task
              number) anywhere in docs/, src/, tests/, scripts/, systemd/,
-             deploy/, man/, debian/, README.md, CHANGELOG.md or a migration
+             deploy/, man/, debian/, crates/, .ci/, README.md, CHANGELOG.md,
+             Cargo.toml, build.rs, the Dockerfile or a migration
              added after this check (applied migrations never change, so the
              ones before it are exempt).
 
@@ -51,7 +53,7 @@ from pathlib import Path
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
 
 # Top-level directories whose paths prose may cite.
-CITABLE = ("src", "tests", "scripts", "migrations", "deploy", "docs", "systemd", "man", "debian")
+CITABLE = ("src", "tests", "scripts", "migrations", "deploy", "docs", "systemd", "man", "debian", "crates")
 
 # Migrations applied before this check existed. Applied migrations never
 # change (sqlx compares checksums), so what their comments cite stays.
@@ -132,6 +134,16 @@ def path_exists(cited):
 
 # ---- paths ----------------------------------------------------------------------
 
+
+def foreign(cited):
+    """A deep path none of whose directories is ours names another project's
+    file (PostgreSQL's `src/interfaces/libpq/test/regress.in`), not a stale
+    one of ours: stale paths are files that moved or went away from
+    directories that exist, or one level below them."""
+    parts = cited.rstrip("/").split("/")
+    return len(parts) > 3 and "/".join(parts[:2]) not in ALL_PATHS
+
+
 PATH_RE = re.compile(
     r"(?<![\w./~-])(?:" + "|".join(CITABLE) + r")/[\w.*…/-]*[\w*…/]"
 )
@@ -177,6 +189,8 @@ def check_paths():
                 cited = m.group(0).rstrip(".")
                 # `kubectl logs deploy/NAME` names a Deployment, not a path.
                 if re.search(r"\bkubectl\b[^`]*\s$", line[:m.start()]) and re.fullmatch(r"deploy/[\w-]+", cited):
+                    continue
+                if foreign(cited):
                     continue
                 if not path_exists(cited):
                     find(rel(f), no, f"cites `{cited}`, which is not in the repository",
@@ -440,7 +454,7 @@ def check_package():
 
 # ---- outside --------------------------------------------------------------------
 
-OUTSIDE_ROOTS = ("docs", "src", "tests", "scripts", "systemd", "deploy", "man", "debian", ".ci")
+OUTSIDE_ROOTS = ("docs", "src", "tests", "scripts", "systemd", "deploy", "man", "debian", ".ci", "crates")
 OUTSIDE_FILES = ("README.md", "CHANGELOG.md", "Cargo.toml", "build.rs", "Dockerfile")
 SELF = {"scripts/lib/check_prose.py", "scripts/check-prose.sh"}
 
