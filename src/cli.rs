@@ -1,12 +1,14 @@
 //! The command line: subcommands, flags and their help text.
 //!
-//! Owns parsing only; `app` runs what was asked. Configuration comes from the
+//! Owns parsing only; `cmd` runs what was asked. Configuration comes from the
 //! environment (see `config`), never from flags: there is deliberately no
 //! flag for the sweep interval, the batch size or metric tags.
 //!
 //! The help pages are man-style (DESCRIPTION, OUTPUT, EXAMPLES, ENVIRONMENT,
 //! EXIT STATUS, SEE ALSO) because operators read them on hosts without the
 //! docs; the long forms live in docs/operations.md and docs/metrics-and-logs.md.
+//! The manual pages in man/ are generated from these definitions (the test
+//! `man::the_committed_man_pages_match_the_command_line` keeps them equal).
 
 use clap::{Args, Parser, Subcommand};
 
@@ -35,7 +37,8 @@ EXIT STATUS:
   0 success, 1 runtime failure (or a refused job apply), 2 usage or configuration error
 
 SEE ALSO:
-  docs/operations.md, docs/metrics-and-logs.md, docs/container.md, systemd/lease-sweeper.service"
+  docs/operations.md, docs/metrics-and-logs.md, docs/container.md, systemd/lease-sweeper.service
+  (the docs/ pages are also installed by the Debian package, in /usr/share/doc/lease-sweeper/)"
 );
 
 const RUN_HELP: &str = concat!(
@@ -130,15 +133,23 @@ DESCRIPTION:
     table, index, function
                  every object the daemon uses is visible to this role; indexes are valid
     grant        this role may do what `run` does: EXECUTE on the sweep's definer functions
-                 (lock_reap_expired, lock_drain_takeovers) and the job reaper's, SELECT
-                 on lock_entry, queue_setting and job_queue; no DELETE is needed
+                 (lock_reap_expired, lock_reap_expired_walk, lock_drain_takeovers,
+                 lock_sweep_probe, lock_held_count_get) and the job reaper's, SELECT on
+                 queue_setting and on the reaper's columns of job_queue; no privilege on
+                 lock_entry itself, no DELETE anywhere
+    definer functions' owner, overloads of built-ins
+                 a superuser owning the definer functions is a warning; a built-in's
+                 overload planted on the search path by another role is a FAIL
     statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
   Every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 9 applied (latest 20261201000200)
-  FAIL  grant SELECT on table job_queue: this role lacks SELECT, ...; GRANT SELECT ON TABLE job_queue TO <this role>
-  check FAILED: 1 of 43 checks failed (see the FAIL lines above)
+  ok    migrations: all 10 applied (latest 20261201000400)
+  FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
+        ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
+  check FAILED: 1 of 43 checks failed (see the FAIL lines above); the migrated role
+        lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
+  A database that passes ends with: check passed: all 43 checks ok
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
@@ -171,8 +182,10 @@ OUTPUT:
   latest claim or heartbeat gave it and where that came from (`30s kind`: its kind's
   duration; `override`: its metadata.lease_override_sec; `default`:
   queue.lease.duration_sec; `-`: not leased through fn_job_claim or fn_job_heartbeat).
-  --json prints the SQL function's JSON unchanged instead (for scripts and jq).
-  Diagnostics go to stderr. No colour, terminal or not.
+  A refused apply prints `refused: <reason>` (e.g. refused:
+  queue.lease.reaper_dry_run_only=true) and exits 1.
+  --json prints the SQL function's JSON unchanged instead (for scripts and jq), the
+  refusal included. Diagnostics go to stderr. No colour, terminal or not.
 
 EXAMPLES:
   lease-sweeper jobs dry-run --limit 20
@@ -195,7 +208,9 @@ DESCRIPTION:
   Without a subcommand: prints every queue setting (its value, who changed it and when)
   and what an apply would do now, as a table (--json: the JSON). `gates set` changes
   one setting through the audited setter (who, when, the old and new value are
-  recorded); unknown keys and invalid values are rejected.
+  recorded) and prints the change as a table (SETTING OLD NEW BY); an unknown key or
+  an invalid value prints `refused: <reason>`, exits 1 and changes nothing (--json:
+  the JSON of either).
   The reaper applies only when queue.job_substrate.enabled=true,
   queue.lease.reaper_enabled=true and queue.lease.reaper_dry_run_only=false.
 
@@ -375,9 +390,11 @@ pub enum JobsCommand {
     /// Refused, in this order, for an empty actor, then while
     /// queue.job_substrate.enabled is false, queue.lease.reaper_enabled is
     /// false or queue.lease.reaper_dry_run_only is true (exit 1, the reason
-    /// in the JSON). Otherwise each stale job returns to retry_waiting with
-    /// exponential backoff, or moves to the dead-letter table at its last
-    /// attempt; a job completed or re-leased meanwhile is never touched.
+    /// on stdout as `refused: <reason>`, or the JSON with --json).
+    /// Otherwise each stale job returns to retry_waiting with exponential
+    /// backoff, or moves to the dead-letter table at its last attempt; a job
+    /// completed or re-leased meanwhile is never touched. Prints one row per
+    /// job acted on, then a summary.
     Apply {
         /// Who is acting (recorded on dead letters and in the output).
         #[arg(long, value_name = "NAME")]
@@ -432,7 +449,8 @@ pub enum GatesCommand {
     /// Change one queue setting through the audited setter.
     ///
     /// The setter validates the key and the value and records who changed
-    /// what, and when; a rejected change exits 1 with the reason as JSON.
+    /// what, and when. Prints the change as a table; a rejected change prints
+    /// `refused: <reason>` and exits 1 (--json: the setter's JSON either way).
     Set {
         /// e.g. queue.lease.reaper_enabled
         key: String,

@@ -2,7 +2,9 @@
 //! leases out of PostgreSQL and turns each lock-lease expiry into exactly one
 //! WARN `lease_expired` line and one StatsD count.
 //!
-//! Layers, each importing only the ones below it:
+//! Layers; imports between layers point down, never up (within one, a
+//! module may use a sibling: `pg::lock_entry` and `pg::lock_store` use each
+//! other):
 //! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
 //! - `sweep`: the two independent services (`lock_sweeper`, `job_reaper`)
 //!   and the one loop that runs each (`sweep::run`).

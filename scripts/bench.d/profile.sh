@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# `scripts/bench --only profile`: where the CPU goes, for the two goals of
-# issue 12 that are not met (sourced by scripts/bench, which provides the
-# cluster, the binary and the helpers used here).
+# `scripts/bench --only profile`: where the CPU goes, for the two goals that
+# are not met: the drain against the reference DELETE, and the idle fleet
+# (sourced by scripts/bench, which provides the cluster, the binary and the
+# helpers used here).
 #
 #   drain  perf samples (cpu-clock, 999 Hz, all CPUs, then kept to the pids
 #          that did the work) of the daemon draining N expired leases and of

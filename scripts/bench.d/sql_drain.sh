@@ -19,7 +19,7 @@
 #           batch: lock_reap_expired_walk($1, <page it returned last>)
 #           (migration 20261130000300), the page carried through a setting
 #   ctid    the function's statement run inline (ctid = ANY(ARRAY(...)))
-#   key     lock_key IN (subquery)  (the shape SPEC §6 measured at 37-46 s)
+#   key     lock_key IN (subquery)  (1,000,000 leases in 5,000-row batches: 37-46 s)
 #   keyset  ctid shape plus `expires_at >= <last deadline reaped>`, the
 #           bound carried from batch to batch (here through a session
 #           setting, as for function_resume; in the daemon it is a bind

@@ -410,7 +410,7 @@ const PLANTED: &str = "overloads of built-ins";
 
 /// Warns (the line stays `ok`) when SECURITY DEFINER functions on this
 /// role's search path are owned by a superuser: whatever flaw they have
-/// would run with every right (issue 11).
+/// would run with every right, so a dedicated owner role is safer.
 async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
     let found: (Option<String>, Option<String>) = sqlx::query_as(
         "SELECT pg_catalog.string_agg(DISTINCT r.rolname::text, ', ') FILTER (WHERE r.rolsuper),

@@ -25,8 +25,8 @@ use crate::output::table;
 use crate::pg::conn::in_tx;
 use crate::pg::job_queue as q;
 
-/// Exit status of a refused apply or a rejected setting (SPEC §2: 1 is a
-/// runtime failure; the JSON on stdout says why).
+/// Exit status of a refused apply or a rejected setting: 1, as for a runtime
+/// failure (2 is kept for usage and configuration errors); stdout says why.
 const EXIT_REFUSED: u8 = 1;
 
 /// How the result is printed.

@@ -1,6 +1,6 @@
 //! The job reaper: one pass returns stale job leases to the queue (or the
 //! dead-letter table) while the three gates allow it, and reports the
-//! stale-lease gauge (SPEC §4).
+//! stale-lease gauge, `queue.lease.stale.current`.
 //!
 //! Owns, once per pass: asking whether the gates allow reaping, logging a
 //! change of that answer once at INFO (never once per pass), applying batch

@@ -1,4 +1,4 @@
-//! Bad rows (issue 11): every value the schema admits in a column the sweep
+//! Bad rows: every value the schema admits in a column the sweep
 //! or the job reaper reads is either refused at the door by a constraint
 //! whose name says the rule, or handled: reported with a documented encoding,
 //! or set aside with one ERROR line while every other row of the same sweep
@@ -17,8 +17,9 @@ use crate::support::{
     migrate_to, open_gates, run_binary, wait_until,
 };
 
-/// The last migration before issue 11's.
-const BEFORE_ISSUE_11: i64 = 20261129000300;
+/// The last migration before the bad-row rules (constraints, total
+/// encodings, set-aside rows) of 20261130000100 and 20261130000110.
+const BEFORE_BAD_ROW_RULES: i64 = 20261129000300;
 
 /// key, old_value, new_value, actor, changed_by_role.
 type AuditRow = (String, Option<String>, Option<String>, String, String);
@@ -303,7 +304,7 @@ async fn the_lock_functions_refuse_null_zero_negative_and_oversized_limits_with_
 async fn migrating_a_database_holding_infinite_lease_deadlines_fails_naming_the_rows_and_the_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
-    migrate_to(&mut conn, BEFORE_ISSUE_11).await;
+    migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;
     exec(&mut conn, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at)
                      SELECT 'inf-' || i, 'o', i, CASE WHEN i % 2 = 0 THEN '-infinity' ELSE 'infinity' END::timestamptz
                        FROM generate_series(1, 7) AS i").await;
@@ -527,7 +528,7 @@ async fn a_stale_job_that_fails_inside_apply_is_set_aside_and_every_other_one_is
 async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them_and_the_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
-    migrate_to(&mut conn, BEFORE_ISSUE_11).await;
+    migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;
     let ids = insert_stale_jobs(&mut conn, "k", 3, 0, 5, 1_000).await;
     exec(
         &mut conn,

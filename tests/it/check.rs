@@ -400,3 +400,54 @@ async fn the_check_command_exits_0_or_1_prints_its_list_on_stdout_and_no_passwor
     assert_eq!(code, Some(2), "{all}");
     assert!(!all.contains("hunter2"), "{all}");
 }
+
+/// `check --help` shows a sample of the output; its numbers must be what
+/// `check` prints on a freshly migrated database today, or a reader is told
+/// of migrations and checks that do not exist. Both sides are the real
+/// binary's output.
+#[tokio::test]
+async fn the_check_help_sample_counts_what_check_runs() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let run = |args: &'static [&'static str]| {
+        let url = db.url.clone();
+        let port = statsd.port.to_string();
+        async move {
+            let out = tokio::process::Command::new(binary())
+                .args(args)
+                .env_clear()
+                .env("LOCKDB_URL", url)
+                .env("STATSD_PORT", port)
+                .output()
+                .await
+                .expect("running lease-sweeper");
+            assert!(out.status.success(), "{args:?}: {out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let help = run(&["check", "--help"]).await;
+    let report = run(&["check"]).await;
+
+    let migrations = report
+        .lines()
+        .find(|l| l.starts_with("ok    migrations: "))
+        .unwrap_or_else(|| panic!("no migrations line in:\n{report}"));
+    let migrations = migrations.trim_start_matches("ok    migrations: ");
+    let verdict = report.trim_end().lines().last().unwrap();
+    let checks = report.lines().filter(|l| l.starts_with("ok ")).count();
+    assert_eq!(
+        verdict,
+        format!("check passed: all {checks} checks ok"),
+        "{report}"
+    );
+    let fix = "update the OUTPUT sample of CHECK_HELP in src/cli.rs (then refresh man/: \
+               LEASE_SWEEPER_WRITE_MAN=1 cargo test --test it man::)";
+    assert!(
+        help.contains(&format!("migrations: {migrations}\n")),
+        "check prints `migrations: {migrations}`, its help does not; {fix}:\n{help}"
+    );
+    assert!(
+        help.contains(verdict) && help.contains(&format!(" of {checks} checks failed")),
+        "check runs {checks} checks (`{verdict}`), its help says otherwise; {fix}:\n{help}"
+    );
+}

@@ -1,4 +1,4 @@
-//! Privilege holes (issue 11): planted overloads of built-ins never run as
+//! Privilege holes: planted overloads of built-ins never run as
 //! the operator; the takeover trigger needs no outbox privilege and cannot
 //! be shadowed; definer functions follow the schema they are installed in;
 //! a pre-existing `lease_sweeper` is reused only if it is safe; the grant can

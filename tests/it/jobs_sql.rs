@@ -1,4 +1,4 @@
-//! The job-queue stale-lease reaper's SQL API (SPEC §4, reference 000_…):
+//! The job-queue stale-lease reaper's SQL API (docs/sql-api.md):
 //! the functions' exact JSON, the refusal table in gate order, the apply
 //! proof, backoff and dead-lettering, the setter and its audit, privileges,
 //! `search_path` and overload hijacks, and concurrent appliers.

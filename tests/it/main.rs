@@ -16,6 +16,7 @@ mod jobs_daemon;
 mod jobs_sql;
 mod jobs_support;
 mod liveness;
+mod man;
 mod mtail;
 mod privilege;
 mod prometheus_support;

@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""Prose that cannot drift: what README.md, docs/ and the --help texts say,
+checked against the tree.
+
+Owns the checks that need no database and no build, each finding printed as
+`file:line: what is wrong; what to do`:
+
+  paths      a repository path (`src/…`, `tests/…`, `scripts/…`,
+             `migrations/…`, `deploy/…`, `docs/…`, `systemd/…`, `man/…`,
+             `debian/…`, `crates/…`; a deep path in no directory of ours is
+             another project's) or a relative Markdown link in README.md, docs/*.md
+             or src/cli.rs that names nothing in the tree; a `#anchor` that
+             names no heading of the linked page;
+  names      `module::name` in README.md or docs/*.md, where `module` is a
+             test module (tests/it/<module>.rs) or a module of src/, naming
+             no function or item there; a bare test-like name (`a_b_c_d_e`,
+             four underscores or more) that appears nowhere in the code;
+  env        an environment variable src/ reads (`env::var("X")`,
+             `env::var_os(CONST)` with `const CONST: &str = "X"`, clap's
+             `env = "X"`) that README.md's environment table does not list;
+  events     an event name src/ logs (the last string literal of an
+             `info!`/`warn!`/`error!`/`debug!`/`trace!` call, and the signal
+             lines `output/events.rs` writes with `push_head`) that
+             docs/metrics-and-logs.md does not mention;
+  samples    a sample of `check` output (in src/cli.rs, README.md, docs/)
+             whose migration count or latest migration differs from
+             migrations/, or whose number of checks differs from the one in
+             `check --help` (itself compared with a real run of `check` by
+             the test `check::the_check_help_sample_counts_what_check_runs`);
+  package    debian/changelog's latest version, or a `.deb` file name in the
+             prose, that is not the version Cargo.toml builds;
+  outside    a reference to something outside the repository (a design
+             brief's section, a reference document, an issue or a task
+             number) anywhere in docs/, src/, tests/, scripts/, systemd/,
+             deploy/, man/, debian/, crates/, .ci/, README.md, CHANGELOG.md,
+             Cargo.toml, build.rs, the Dockerfile or a migration
+             added after this check (applied migrations never change, so the
+             ones before it are exempt).
+
+It does not judge style or truth beyond these facts, and it does not run the
+binary (the man pages are compared with the CLI by the test
+`man::the_committed_man_pages_match_the_command_line`).
+
+Usage: check_prose.py [REPO]   exit 0 when nothing is found, 1 otherwise.
+"""
+
+import os
+import re
+import sys
+from fnmatch import fnmatch
+from pathlib import Path
+
+ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+
+# Top-level directories whose paths prose may cite.
+CITABLE = ("src", "tests", "scripts", "migrations", "deploy", "docs", "systemd", "man", "debian", "crates")
+
+# Migrations applied before this check existed. Applied migrations never
+# change (sqlx compares checksums), so what their comments cite stays.
+FROZEN_MIGRATIONS = {
+    "20261129000100_lock_leases.sql",
+    "20261129000200_job_queue.sql",
+    "20261129000300_sweeper_role.sql",
+    "20261130000100_lock_rows_never_block.sql",
+    "20261130000110_job_rows_never_block.sql",
+    "20261130000120_privilege_holes.sql",
+    "20261130000300_reap_walk_and_shared_held_count.sql",
+    "20261130000400_job_idle_question_in_plpgsql.sql",
+    "20261201000200_job_lease_duration.sql",
+}
+
+# References to documents and trackers outside the repository. Built from
+# parts so that this file does not match itself.
+OUTSIDE = re.compile(
+    r"\b" + "SP" + r"EC\b"
+    r"|\breference/|\breference 0\d+"
+    r"|\b[Ii]" + r"ssue ?#?\d+"
+    r"|\bT-0\d+"
+    r"|(?i:\bthe (?:spec|specification|issue)(?:'s)?\b|\bdesign brief\b|\bsource document\b)"
+)
+OUTSIDE_FIX = "say the thing itself (what was measured, decided or asked), not where it was written"
+
+# The test that compares `check --help` with a real run of `check`.
+CHECK_COUNT_TEST = "cargo test --test it check::the_check_help_sample_counts_what_check_runs"
+
+findings = []
+
+
+def find(path, line, what, fix):
+    findings.append(f"{path}:{line}: {what}; {fix}")
+
+
+def rel(p):
+    return p.relative_to(ROOT).as_posix()
+
+
+def read(p):
+    return p.read_text(encoding="utf-8", errors="replace")
+
+
+def prose_files():
+    files = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+    return [f for f in files if f.exists()]
+
+
+def tracked(top):
+    """Every file and directory under `top`, as repository paths."""
+    out = set()
+    base = ROOT / top
+    if not base.exists():
+        return out
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d not in ("target", ".git", "node_modules")]
+        d = Path(dirpath)
+        out.add(rel(d))
+        for f in filenames:
+            out.add(rel(d / f))
+    return out
+
+
+ALL_PATHS = set()
+for top in CITABLE:
+    ALL_PATHS |= tracked(top)
+
+
+def path_exists(cited):
+    cited = cited.rstrip("/")
+    # `migrations/20261130000300_…` and `src/*.rs` name a prefix or a glob.
+    pattern = cited.replace("…", "*")
+    if "*" in pattern:
+        return any(fnmatch(p, pattern) for p in ALL_PATHS)
+    return cited in ALL_PATHS
+
+
+# ---- paths ----------------------------------------------------------------------
+
+
+def foreign(cited):
+    """A deep path none of whose directories is ours names another project's
+    file (PostgreSQL's `src/interfaces/libpq/test/regress.in`), not a stale
+    one of ours: stale paths are files that moved or went away from
+    directories that exist, or one level below them."""
+    parts = cited.rstrip("/").split("/")
+    return len(parts) > 3 and "/".join(parts[:2]) not in ALL_PATHS
+
+
+PATH_RE = re.compile(
+    r"(?<![\w./~-])(?:" + "|".join(CITABLE) + r")/[\w.*…/-]*[\w*…/]"
+)
+LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
+HEADING_RE = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def slug(heading):
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = text.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+_anchors = {}
+
+
+def anchors(path):
+    if path not in _anchors:
+        seen = {}
+        out = set()
+        in_code = False
+        for line in read(path).splitlines():
+            if line.startswith("```"):
+                in_code = not in_code
+                continue
+            m = not in_code and HEADING_RE.match(line)
+            if m:
+                s = slug(m.group(2))
+                n = seen.get(s, 0)
+                seen[s] = n + 1
+                out.add(s if n == 0 else f"{s}-{n}")
+        _anchors[path] = out
+    return _anchors[path]
+
+
+def check_paths():
+    for f in prose_files() + [ROOT / "src" / "cli.rs"]:
+        for no, line in enumerate(read(f).splitlines(), 1):
+            for m in PATH_RE.finditer(line):
+                cited = m.group(0).rstrip(".")
+                # `kubectl logs deploy/NAME` names a Deployment, not a path.
+                if re.search(r"\bkubectl\b[^`]*\s$", line[:m.start()]) and re.fullmatch(r"deploy/[\w-]+", cited):
+                    continue
+                if foreign(cited):
+                    continue
+                if not path_exists(cited):
+                    find(rel(f), no, f"cites `{cited}`, which is not in the repository",
+                         "correct the path (ls -R), or say what it was without the path")
+            if f.suffix != ".md":
+                continue
+            for m in LINK_RE.finditer(line):
+                target = m.group(1)
+                if re.match(r"^[a-z]+:", target):
+                    continue
+                file_part, _, anchor = target.partition("#")
+                dest = (f.parent / file_part).resolve() if file_part else f
+                if not dest.exists():
+                    find(rel(f), no, f"links to `{target}`, which does not exist",
+                         "point the link at an existing file")
+                    continue
+                if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                    find(rel(f), no, f"links to `{target}`, but {rel(dest)} has no heading with that anchor",
+                         "link to an existing heading (GitHub's anchor: lower case, spaces to -, punctuation dropped)")
+
+
+# ---- names ----------------------------------------------------------------------
+
+ITEM_RE = r"(?:fn|const|static|struct|enum|trait|type|mod|macro_rules!)\s+{}\b"
+
+
+def module_files():
+    """src module name -> its files; tests/it module name -> its file."""
+    src, tests = {}, {}
+    for p in (ROOT / "src").rglob("*.rs"):
+        name = p.parent.name if p.name == "mod.rs" else p.stem
+        src.setdefault(name, []).append(p)
+        if p.name == "mod.rs":
+            src[name] += [q for q in p.parent.glob("*.rs") if q.name != "mod.rs"]
+    for p in (ROOT / "tests" / "it").glob("*.rs"):
+        tests[p.stem] = p
+    return src, tests
+
+
+NAME_RE = re.compile(r"`([a-z_][a-z0-9_]*)::([a-z_][a-z0-9_]*)`")
+BARE_RE = re.compile(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+){4,})`")
+
+
+def check_names():
+    src, tests = module_files()
+    code = "\n".join(read(p) for p in list((ROOT / "src").rglob("*.rs"))
+                     + list((ROOT / "tests").rglob("*.rs"))
+                     + list((ROOT / "migrations").glob("*.sql"))
+                     + [p for p in (ROOT / "scripts").rglob("*") if p.is_file()])
+    for f in prose_files():
+        for no, line in enumerate(read(f).splitlines(), 1):
+            for m in NAME_RE.finditer(line):
+                module, name = m.groups()
+                if module not in tests and module not in src:
+                    continue
+                item = re.compile(ITEM_RE.format(re.escape(name)))
+                places = ([tests[module]] if module in tests else []) + src.get(module, [])
+                if not any(item.search(read(p)) for p in places):
+                    where = ", ".join(rel(p) for p in places)
+                    find(rel(f), no, f"names `{module}::{name}`, which is no function or item of {where}",
+                         "use the current name (grep -rn 'fn NAME' tests/ src/), or drop the reference")
+            for m in BARE_RE.finditer(line):
+                name = m.group(1)
+                if not re.search(r"\b" + re.escape(name) + r"\b", code):
+                    find(rel(f), no, f"names `{name}`, which appears nowhere in src/, tests/, migrations/ or scripts/",
+                         "use the current name of the test or item, or drop the reference")
+
+
+# ---- env ------------------------------------------------------------------------
+
+ENV_LITERAL = re.compile(r"env::var(?:_os)?\(\s*\"([A-Z][A-Z0-9_]*)\"")
+ENV_CONST = re.compile(r"env::var(?:_os)?\(\s*([A-Z][A-Z0-9_]*)\s*\)")
+CLAP_ENV = re.compile(r"\benv\s*=\s*\"([A-Z][A-Z0-9_]*)\"")
+CONST_DEF = re.compile(r"const\s+([A-Z][A-Z0-9_]*)\s*:\s*&(?:'static\s+)?str\s*=\s*\"([A-Z][A-Z0-9_]*)\"")
+
+
+def code_lines(p):
+    """A source file's lines up to its unit tests (tests' own variables are exempt)."""
+    for no, line in enumerate(read(p).splitlines(), 1):
+        if line.startswith("#[cfg(test)]"):
+            return
+        yield no, line
+
+
+def readme_env_table():
+    """Names in the first column of README.md's environment table, and its line."""
+    names, first = set(), None
+    in_env = False
+    for no, line in enumerate(read(ROOT / "README.md").splitlines(), 1):
+        if line.startswith("#"):
+            in_env = "Environment" in line
+            continue
+        if in_env and line.startswith("|"):
+            first = first or no
+            names |= set(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
+    return names, first
+
+
+def check_env():
+    listed, table_line = readme_env_table()
+    consts = {}
+    for p in (ROOT / "src").rglob("*.rs"):
+        for m in CONST_DEF.finditer(read(p)):
+            consts[m.group(1)] = m.group(2)
+    for p in sorted((ROOT / "src").rglob("*.rs")):
+        for no, line in code_lines(p):
+            names = ENV_LITERAL.findall(line) + CLAP_ENV.findall(line)
+            names += [consts[c] for c in ENV_CONST.findall(line) if c in consts]
+            for name in names:
+                if name not in listed:
+                    find(rel(p), no, f"reads the environment variable {name}, which README.md's environment table does not list",
+                         f"add a row for `{name}` (what it does, its default) to the table at README.md:{table_line}")
+
+
+# ---- events ---------------------------------------------------------------------
+
+LOG_MACRO = re.compile(r"\b(?:tracing::)?(info|warn|error|debug|trace)!\s*\(")
+STRING = re.compile(r"\"((?:[^\"\\]|\\.)*)\"")
+SIGNAL = re.compile(r"push_head\([^)]*\"([a-z_]+)\"\s*\)")
+
+
+def macro_body(text, start):
+    """The text of a macro call's arguments, from just after its `(`."""
+    depth, i, in_str = 1, start, False
+    while i < len(text) and depth:
+        c = text[i]
+        if in_str:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        i += 1
+    return text[start:i - 1]
+
+
+SIGNAL_CONST = re.compile(r"warn_lines\(\s*([A-Z][A-Z0-9_]*)")
+SERVICE_CONST = re.compile(r"const (NAME|WORK): &'static str = \"([a-z_]+)\"")
+
+
+def emitted_events():
+    """(event, file, line) for every event name src/ logs.
+
+    The service loop (src/sweep/mod.rs) names its events after each
+    service, `"{}_failed"` with the service's WORK or NAME: each template is
+    expanded with every service's value."""
+    services = {"NAME": [], "WORK": []}
+    for p in (ROOT / "src" / "sweep").glob("*.rs"):
+        for kind, value in SERVICE_CONST.findall(read(p)):
+            services[kind].append(value)
+    consts = {}
+    for p in (ROOT / "src").rglob("*.rs"):
+        for m in re.finditer(r"const ([A-Z][A-Z0-9_]*): &(?:'static )?str = \"([a-z_]+)\"", read(p)):
+            consts[m.group(1)] = m.group(2)
+    out = []
+    for p in sorted((ROOT / "src").rglob("*.rs")):
+        text = read(p)
+        cut = text.find("\n#[cfg(test)]")
+        if cut >= 0:
+            text = text[:cut]
+
+        def at(pos):
+            return text.count("\n", 0, pos) + 1
+
+        for m in LOG_MACRO.finditer(text):
+            body = macro_body(text, m.end())
+            strings = list(STRING.finditer(body))
+            if not strings:
+                continue
+            name = strings[-1].group(1)
+            if re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                out.append((name, p, at(m.start())))
+            elif re.fullmatch(r"\{\}_[a-z0-9_]+", name):
+                tail = body[strings[-1].end():]
+                kind = "NAME" if re.search(r"\bNAME\b", tail) else "WORK"
+                for value in services[kind]:
+                    out.append((value + name[2:], p, at(m.start())))
+        for m in SIGNAL.finditer(text):
+            out.append((m.group(1), p, at(m.start())))
+        for m in SIGNAL_CONST.finditer(text):
+            if m.group(1) in consts:
+                out.append((consts[m.group(1)], p, at(m.start())))
+    return out
+
+
+def check_events():
+    catalogue = ROOT / "docs" / "metrics-and-logs.md"
+    doc = read(catalogue)
+    seen = set()
+    for name, p, no in emitted_events():
+        if name in seen:
+            continue
+        seen.add(name)
+        if not re.search(r"(?:`|message=)" + re.escape(name) + r"\b", doc):
+            find(rel(p), no, f"logs the event `{name}`, which {rel(catalogue)} does not mention",
+                 f"describe `{name}` (level, fields, what an operator does about it) in {rel(catalogue)}")
+
+
+# ---- samples --------------------------------------------------------------------
+
+APPLIED_RE = re.compile(r"all (\d+) applied \(latest (\d{14})\)")
+CHECKS_RE = re.compile(r"(?:of|all) (\d+) checks\b")
+
+
+def check_samples():
+    ups = sorted(p.name for p in (ROOT / "migrations").glob("*.sql") if not p.name.endswith(".down.sql"))
+    count, latest = len(ups), ups[-1].split("_", 1)[0] if ups else ""
+    cli = ROOT / "src" / "cli.rs"
+    helped = [int(n) for n in CHECKS_RE.findall(read(cli))]
+    files = [cli] + prose_files()
+    for f in files:
+        for no, line in enumerate(read(f).splitlines(), 1):
+            for m in APPLIED_RE.finditer(line):
+                n, t = int(m.group(1)), m.group(2)
+                if (n, t) != (count, latest):
+                    find(rel(f), no, f"shows `all {n} applied (latest {t})`, but migrations/ holds {count}, the latest {latest}",
+                         f"write `all {count} applied (latest {latest})`")
+            if f == cli or not helped:
+                continue
+            for m in CHECKS_RE.finditer(line):
+                if int(m.group(1)) != helped[0]:
+                    find(rel(f), no, f"shows {m.group(1)} checks, but `lease-sweeper check --help` shows {helped[0]}",
+                         f"write {helped[0]} (the help's number is compared with a real run by `{CHECK_COUNT_TEST}`)")
+    if not helped:
+        find(rel(cli), 1, "the `check` help has no sample with its number of checks (`of N checks`)",
+             "show a sample verdict line in CHECK_HELP")
+
+
+# ---- package --------------------------------------------------------------------
+
+DEB_RE = re.compile(r"lease-sweeper_(\d[\w.~+]*)-(\d+)_amd64\.deb")
+
+
+def check_package():
+    cargo = read(ROOT / "Cargo.toml")
+    version = re.search(r'^version\s*=\s*"([^"]+)"', cargo, re.M).group(1)
+    revision = "1"
+    m = re.search(r'^revision\s*=\s*"([^"]*)"', cargo, re.M)
+    if m:
+        revision = m.group(1)
+    want = f"{version}-{revision}"
+    changelog = ROOT / "debian" / "changelog"
+    if changelog.exists():
+        first = read(changelog).splitlines()[0]
+        m = re.match(r"lease-sweeper \(([^)]+)\)", first)
+        if not m or m.group(1) != want:
+            find(rel(changelog), 1, f"the latest entry is `{first}`, but Cargo.toml makes the package {want}",
+                 f"add an entry `lease-sweeper ({want}) unstable; urgency=medium` on top (dch -v {want})")
+    for f in prose_files():
+        for no, line in enumerate(read(f).splitlines(), 1):
+            for m in DEB_RE.finditer(line):
+                if f"{m.group(1)}-{m.group(2)}" != want:
+                    find(rel(f), no, f"names the package `{m.group(0)}`, but Cargo.toml builds lease-sweeper_{want}_amd64.deb",
+                         f"write lease-sweeper_{want}_amd64.deb")
+
+
+# ---- outside --------------------------------------------------------------------
+
+OUTSIDE_ROOTS = ("docs", "src", "tests", "scripts", "systemd", "deploy", "man", "debian", ".ci", "crates")
+OUTSIDE_FILES = ("README.md", "CHANGELOG.md", "Cargo.toml", "build.rs", "Dockerfile")
+SELF = {"scripts/lib/check_prose.py", "scripts/check-prose.sh"}
+
+
+def check_outside():
+    files = [ROOT / f for f in OUTSIDE_FILES if (ROOT / f).exists()]
+    for top in OUTSIDE_ROOTS:
+        for p in sorted(tracked(top)):
+            if (ROOT / p).is_file():
+                files.append(ROOT / p)
+    files += [p for p in sorted((ROOT / "migrations").glob("*.sql")) if p.name not in FROZEN_MIGRATIONS]
+    for f in files:
+        if rel(f) in SELF or f.suffix in (".png", ".gz"):
+            continue
+        for no, line in enumerate(read(f).splitlines(), 1):
+            m = OUTSIDE.search(line)
+            if m:
+                find(rel(f), no, f"refers outside the repository (`{m.group(0).strip()}`)", OUTSIDE_FIX)
+
+
+def main():
+    for check in (check_paths, check_names, check_env, check_events, check_samples, check_package, check_outside):
+        check()
+    for f in findings:
+        print(f)
+    verdict = "fix each as its line says" if findings else "README.md, docs/ and --help agree with the tree"
+    print(f"check-prose: {len(findings)} finding(s); {verdict}")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
