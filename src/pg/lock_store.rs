@@ -248,8 +248,9 @@ async fn batch_in_tx(
     })
 }
 
-/// One ERROR line per lease the database set aside (issue 11): it was not
-/// deleted, every other lease of its batch was; the next sweep retries it.
+/// One ERROR line per lease the database set aside (a row whose delete failed
+/// inside the reaping function): it was not deleted, every other lease of
+/// its batch was; the next sweep retries it.
 fn log_set_aside(rows: &[locks::SetAsideLease]) {
     for row in rows {
         tracing::error!(
