@@ -126,10 +126,10 @@ const CHECK_HELP: &str = concat!(
     "\
 DESCRIPTION:
   With the same environment as `run`, checks and prints one line per item:
-    connect      the database answers within 3 s (role and server version; a superuser
-                 is flagged: prefer a least-privilege role)
+    connect      the database answers, each host within its connect_timeout (5 s unless
+                 set); where the target came from, the role and server version
     migrations   every migration of this binary is applied, none failed or changed
-                 (newer ones are fine while an upgrade rolls out)
+                 (newer ones are a warning, fine while an upgrade rolls out)
     table, index, function
                  every object the daemon uses is visible to this role; indexes are valid
     grant        this role may do what `run` does: EXECUTE on the sweep's definer functions
@@ -141,7 +141,9 @@ DESCRIPTION:
                  a superuser owning the definer functions is a warning; a built-in's
                  overload planted on the search path by another role is a FAIL
     statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
-  Every FAIL line says what to do. Nothing is changed; the password is never printed.
+  Each line is ok, warn (works, but worth acting on: a superuser role, a superuser owning
+  the definer functions, no target set at all, a newer schema) or FAIL; every FAIL line
+  says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
   ok    migrations: all 11 applied (latest 20261201000400)
@@ -163,7 +165,7 @@ EXAMPLES:
     environment!(),
     "
 EXIT STATUS:
-  0 every check passed, 1 at least one FAIL line, 2 configuration error
+  0 no FAIL line (warn lines allowed), 1 at least one FAIL line, 2 configuration error
 
 SEE ALSO:
   lease-sweeper migrate, docs/operations.md (Install, Troubleshooting)"
@@ -333,9 +335,9 @@ pub enum Command {
 
     /// Preflight: check connection, schema, functions, privileges and StatsD.
     ///
-    /// Prints one `ok`/`FAIL` line per check on stdout, then a verdict, and
-    /// exits 0 when all pass, 1 otherwise. For operators and for systemd's
-    /// ExecStartPre. Never prints secrets.
+    /// Prints one `ok`/`warn`/`FAIL` line per check on stdout, then a verdict,
+    /// and exits 0 unless a line is FAIL, 1 otherwise. For operators and for
+    /// systemd's ExecStartPre. Never prints secrets.
     #[command(after_help = CHECK_HELP)]
     Check,
 

@@ -2,32 +2,35 @@
 //! `ExecStartPre`.
 //!
 //! Owns the list of what the daemon needs from its environment and checking
-//! each item once: the connection (with a short timeout), the migration
-//! version, the tables, indexes and functions, the connecting role's
-//! privileges, and that the StatsD host resolves. It prints one line per check
-//! (`ok` or `FAIL` with what to do) on stdout and a summary, and exits 0 when
-//! all pass, 1 otherwise (2 stays "configuration error", as everywhere).
+//! each item once: where the target came from and the connection (each host
+//! within the target's own `connect_timeout`, as the daemon's walk), the
+//! migration version, the tables, indexes and functions, the connecting
+//! role's privileges, who owns the definer functions, and that the StatsD
+//! host resolves. It prints one line per check on stdout, `ok`, `warn` (a
+//! finding worth acting on that does not stop the daemon) or `FAIL` (with
+//! what to do), then a summary, and exits 0 unless a line is `FAIL`, 1
+//! otherwise (2 stays "configuration error", as everywhere).
 //!
 //! It changes nothing and never prints a password: the database is named by
 //! `DbTarget::display`, and every error text goes through its redactor.
 //!
 //! It is data-driven on purpose: the schema grows in `migrations/` by other
 //! hands, and adding a table, index, function or grant to check is one line in
-//! `EXPECTED` or `GRANTS`. It does not own the SQL of the sweep, nor decide
-//! whether a failed check blocks the daemon (the unit file does).
+//! `EXPECTED` or `GRANTS`. The statements it sends are `pg::catalog`'s; this
+//! module owns only the wording and the status of each line. It does not own
+//! the SQL of the sweep, nor decide whether a failed check blocks the daemon
+//! (the unit file does).
 
 use std::fmt;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use pgconn::{Addr, Origin};
 use sqlx::PgConnection;
 
 use crate::config::{DbTarget, Redactor, StatsdTarget};
-
-/// How long the preflight waits for the database, per host of the target.
-/// Shorter than the daemon's own connect timeout: a preflight is interactive
-/// or blocks a unit's start.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::pg::catalog;
+use crate::pg::conn::ConnectError;
 
 /// How long resolving the StatsD host may take.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -195,10 +198,36 @@ pub const GRANTS: &[Grant] = &[
     },
 ];
 
+/// What a check found: the first word of its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// As the daemon needs it.
+    Ok,
+    /// Works, but worth acting on (a superuser, an unset target, a schema
+    /// newer than this binary): the exit status stays 0.
+    Warn,
+    /// The daemon would fail or lack something: the line says what to do.
+    Fail,
+}
+
+impl Status {
+    /// The word that starts the line; `STATUS_WIDTH` wide at most.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Warn => "warn",
+            Self::Fail => "FAIL",
+        }
+    }
+}
+
+/// Every status word is padded to this width, so the checks line up.
+const STATUS_WIDTH: usize = 4;
+
 /// One check's result: one output line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
-    pub ok: bool,
+    pub status: Status,
     /// What was checked, e.g. `table lock_entry`.
     pub what: String,
     /// What was found, or what to do about it.
@@ -206,27 +235,40 @@ pub struct Line {
 }
 
 impl Line {
-    fn ok(what: impl Into<String>, detail: impl Into<String>) -> Self {
+    fn new(status: Status, what: impl Into<String>, detail: impl Into<String>) -> Self {
         Self {
-            ok: true,
+            status,
             what: what.into(),
             detail: detail.into(),
         }
     }
 
+    fn ok(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(Status::Ok, what, detail)
+    }
+
+    fn warn(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self::new(Status::Warn, what, detail)
+    }
+
     fn fail(what: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self {
-            ok: false,
-            what: what.into(),
-            detail: detail.into(),
-        }
+        Self::new(Status::Fail, what, detail)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.status == Status::Fail
     }
 }
 
 impl fmt::Display for Line {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let status = if self.ok { "ok" } else { "FAIL" };
-        write!(f, "{status:<4}  {}: {}", self.what, self.detail)
+        write!(
+            f,
+            "{:<STATUS_WIDTH$}  {}: {}",
+            self.status.word(),
+            self.what,
+            self.detail
+        )
     }
 }
 
@@ -237,27 +279,53 @@ pub struct Report {
 }
 
 impl Report {
+    /// No line is `FAIL` (warnings pass): what decides the exit status.
     pub fn passed(&self) -> bool {
-        self.lines.iter().all(|l| l.ok)
+        self.failed() == 0
     }
 
     pub fn failed(&self) -> usize {
-        self.lines.iter().filter(|l| !l.ok).count()
+        self.count(Status::Fail)
+    }
+
+    pub fn warned(&self) -> usize {
+        self.count(Status::Warn)
+    }
+
+    fn count(&self, status: Status) -> usize {
+        self.lines.iter().filter(|l| l.status == status).count()
     }
 
     /// The last line: a verdict an operator can read without scrolling.
     pub fn summary(&self) -> String {
+        let total = self.lines.len();
+        let warned = self.warned();
+        let warnings = match warned {
+            1 => "1 warning".to_owned(),
+            n => format!("{n} warnings"),
+        };
         if self.passed() {
-            format!("check passed: all {} checks ok", self.lines.len())
+            if warned == 0 {
+                format!("check passed: all {total} checks ok")
+            } else {
+                format!(
+                    "check passed: {} of {total} checks ok, {warnings} (see the warn lines above)",
+                    total - warned
+                )
+            }
         } else {
             let grants_missing = self
                 .lines
                 .iter()
-                .any(|l| !l.ok && l.detail.starts_with(LACKS));
+                .any(|l| l.failed() && l.detail.starts_with(LACKS));
+            let (also, see) = if warned == 0 {
+                (String::new(), "the FAIL lines")
+            } else {
+                (format!(", {warnings}"), "the FAIL and warn lines")
+            };
             format!(
-                "check FAILED: {} of {} checks failed (see the FAIL lines above){}",
+                "check FAILED: {} of {total} checks failed{also} (see {see} above){}",
                 self.failed(),
-                self.lines.len(),
                 if grants_missing { ROLE_HINT } else { "" }
             )
         }
@@ -274,7 +342,8 @@ impl fmt::Display for Report {
 }
 
 /// `lease-sweeper check`: reads the environment like `run`, prints the report
-/// on stdout, exits 0 when every check passed and 1 otherwise.
+/// on stdout, exits 0 when no check failed (warnings do not count), 1
+/// otherwise.
 pub async fn run() -> anyhow::Result<ExitCode> {
     let db = DbTarget::from_env()?;
     let statsd = StatsdTarget::from_env()?;
@@ -291,9 +360,17 @@ pub async fn run() -> anyhow::Result<ExitCode> {
 pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
     let mut report = Report::default();
     let redactor = db.redactor();
-    match connect(db).await {
+    let connected = connect(db).await;
+    // What the target's resolution ignored (a password file others may
+    // read, an unsupported parameter): `run` logs the same as warnings.
+    let notes = db
+        .notes()
+        .iter()
+        .map(|note| Line::warn(SETTINGS, redactor.redact(note)));
+    match connected {
         Ok((mut conn, line)) => {
             report.lines.push(line);
+            report.lines.extend(notes);
             database_checks(&mut conn, &redactor, &mut report.lines).await;
             // Best effort: the server ends the session anyway when we exit.
             let _ =
@@ -301,6 +378,7 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
         }
         Err(line) => {
             report.lines.push(line);
+            report.lines.extend(notes);
             report.lines.push(Line::fail(
                 "schema and privileges",
                 "not checked without a database connection",
@@ -311,67 +389,114 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
     report
 }
 
+/// What a note on the connection settings is reported as.
+const SETTINGS: &str = "connection settings";
+
+/// Said first on the connection line when the environment names no
+/// database at all, so the operator does not mistake libpq's guess for it.
+const NOTHING_SET: &str = "neither LOCKDB_URL nor DATABASE_URL is set; using libpq's defaults \
+     (no PG* variable is set either)";
+
+/// How to name the database on purpose, when nothing did.
+const SET_TARGET: &str = "set LOCKDB_URL=postgres://USER@HOST:PORT/DATABASE (or libpq's PGHOST, \
+     PGPORT, PGUSER, PGDATABASE) to the database the daemon sweeps";
+
+/// What the connection line is named: the target, and where it came from.
+fn connect_what(db: &DbTarget) -> String {
+    match db.target().origin() {
+        Origin::Defaults => format!("connect {} (libpq defaults)", db.display()),
+        _ => format!("connect {} (from {})", db.display(), db.origin()),
+    }
+}
+
+/// The defaults spelled out: where libpq's rules led, and as whom.
+fn defaults_tried(db: &DbTarget) -> String {
+    let target = db.target();
+    let hosts: Vec<String> = target
+        .hosts()
+        .iter()
+        .map(|h| match &h.addr {
+            Addr::Socket(dir) => format!("the local socket in {} (port {})", dir.display(), h.port),
+            _ => h.display(),
+        })
+        .collect();
+    format!(
+        "{NOTHING_SET}, so trying {} as role {}, database {}",
+        hosts.join(", "),
+        target.user(),
+        target.dbname()
+    )
+}
+
+/// Connects as the daemon would: the host walk, one host after the other,
+/// each within the target's own `connect_timeout`
+/// (`pgconn::DEFAULT_CONNECT_TIMEOUT` unless set). No deadline of check's
+/// own is laid over the walk: a shorter one would cut it off on a silent
+/// first host before the next one is tried.
 async fn connect(db: &DbTarget) -> Result<(PgConnection, Line), Line> {
-    let what = format!("connect {}", db.display());
+    let what = connect_what(db);
+    let defaults = matches!(db.target().origin(), Origin::Defaults);
+    let mut said = Vec::new();
+    if defaults {
+        said.push(defaults_tried(db));
+    }
     let started = Instant::now();
-    // A multi-host target walks its hosts in turn: each gets the bound.
-    let bound = CONNECT_TIMEOUT * db.target().hosts().len().max(1) as u32;
-    let mut conn = match tokio::time::timeout(bound, crate::pg::conn::connect(db)).await {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
-            return Err(Line::fail(
-                what,
-                format!(
-                    "{}; check LOCKDB_URL, that the server runs and accepts this host and role",
-                    e.cause()
-                ),
-            ));
-        }
-        Err(_) => {
-            return Err(Line::fail(
-                what,
-                format!(
-                    "no answer within {} s; check the host, port and firewall",
-                    bound.as_secs()
-                ),
-            ));
+    let (mut conn, host) = match crate::pg::conn::connect_to(db).await {
+        Ok(found) => found,
+        Err(e) => {
+            said.push(e.cause().to_owned());
+            // Nothing named a database: naming one is the fix, whatever the
+            // defaults ran into.
+            if defaults {
+                said.push(SET_TARGET.to_owned());
+            } else if let ConnectError::Unreachable { hint, .. } = &e {
+                said.push((*hint).to_owned());
+            }
+            return Err(Line::fail(what, said.join("; ")));
         }
     };
     let took = started.elapsed().as_millis();
     // Each check runs in its own short transaction: through PgBouncer in
     // transaction mode a statement outside one may be prepared on one server
     // connection and executed on another (see crate::pg::conn::in_tx).
-    let who: Result<(String, String, bool), _> = crate::pg::conn::in_tx(&mut conn, async |c| {
-        sqlx::query_as(
-            "SELECT current_user::text, pg_catalog.current_setting('server_version'),
-                (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user)",
-        )
-        .persistent(false)
-        .fetch_one(c)
-        .await
-    })
-    .await;
-    match who {
-        Ok((role, version, superuser)) => {
-            let note = if superuser {
-                "; superuser: every privilege check passes, prefer a least-privilege role"
-            } else {
-                ""
-            };
-            Ok((
-                conn,
-                Line::ok(
-                    what,
-                    format!("as role {role}, PostgreSQL {version}, {took} ms{note}"),
-                ),
-            ))
+    let session = match crate::pg::conn::in_tx(&mut conn, catalog::session).await {
+        Ok(session) => session,
+        Err(e) => {
+            said.push(db.redactor().redact(&crate::pg::conn::describe(&e)));
+            return Err(Line::fail(what, said.join("; ")));
         }
-        Err(e) => Err(Line::fail(
-            what,
-            db.redactor().redact(&crate::pg::conn::describe(&e)),
-        )),
+    };
+    let hosts = db.target().hosts();
+    let on = if hosts.len() > 1 {
+        format!(
+            " on {} (host {} of {})",
+            hosts[host].display(),
+            host + 1,
+            hosts.len()
+        )
+    } else {
+        String::new()
+    };
+    said.push(format!(
+        "as role {}{on}, PostgreSQL {}, {took} ms",
+        session.role, session.server_version
+    ));
+    if session.superuser {
+        said.push(SUPERUSER.to_owned());
     }
+    if defaults {
+        said.push(SET_TARGET.to_owned());
+    }
+    let status = if session.superuser || defaults {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
+    Ok((conn, Line::new(status, what, said.join("; "))))
 }
+
+/// Why a superuser is a warning: the privilege checks prove nothing then.
+const SUPERUSER: &str = "superuser: every privilege check passes, prefer a least-privilege role";
 
 async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
     lines.push(migrations(conn, redactor).await);
@@ -408,36 +533,34 @@ async fn checked(
 const DEFINER_OWNERS: &str = "definer functions' owner";
 const PLANTED: &str = "overloads of built-ins";
 
-/// Warns (the line stays `ok`) when SECURITY DEFINER functions on this
-/// role's search path are owned by a superuser: whatever flaw they have
-/// would run with every right, so a dedicated owner role is safer.
+/// Warns when SECURITY DEFINER functions on this role's search path are
+/// owned by a superuser: whatever flaw they have would run with every right.
+/// Not a failure: the daemon works, and re-owning them is a migration-time
+/// decision (docs/least-privilege.md).
 async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
-    let found: (Option<String>, Option<String>) = sqlx::query_as(
-        "SELECT pg_catalog.string_agg(DISTINCT r.rolname::text, ', ') FILTER (WHERE r.rolsuper),
-                pg_catalog.string_agg(DISTINCT r.rolname::text, ', ')
-           FROM pg_catalog.pg_proc p
-           JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-          WHERE p.prosecdef
-            AND n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
-            AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name",
-    )
-    .persistent(false)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(match found {
-        (Some(superusers), _) => Line::ok(
+    let owners = catalog::definer_owners(conn).await?;
+    Ok(match owners {
+        catalog::DefinerOwners {
+            superusers: Some(superusers),
+            ..
+        } => Line::warn(
             DEFINER_OWNERS,
             format!(
-                "WARNING: owned by superuser {superusers}, so a flaw in any of them runs with every right; \
+                "owned by superuser {superusers}, so a flaw in any of them runs with every right; \
                  migrate as a dedicated owner role instead (docs/least-privilege.md, \"Migrate as a dedicated owner\")"
             ),
         ),
-        (None, Some(owners)) => Line::ok(
+        catalog::DefinerOwners {
+            superusers: None,
+            all: Some(owners),
+        } => Line::ok(
             DEFINER_OWNERS,
             format!("owned by {owners}, not a superuser"),
         ),
-        (None, None) => Line::ok(DEFINER_OWNERS, "none on the search path"),
+        catalog::DefinerOwners {
+            superusers: None,
+            all: None,
+        } => Line::ok(DEFINER_OWNERS, "none on the search path"),
     })
 }
 
@@ -446,11 +569,7 @@ async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
 /// the built-in in an unqualified call (CVE-2018-1058). `migrate` refuses
 /// to run then (`pg::migrate::PLANTED_OVERLOADS`, the same statement).
 async fn planted_overloads(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
-    let planted: Option<String> = sqlx::query_scalar(crate::pg::migrate::PLANTED_OVERLOADS)
-        .persistent(false)
-        .fetch_one(&mut *conn)
-        .await?;
-    Ok(match planted {
+    Ok(match catalog::planted_overloads(conn).await? {
         None => Line::ok(PLANTED, "none owned by another role on the search path"),
         Some(planted) => Line::fail(
             PLANTED,
@@ -469,28 +588,12 @@ fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
 /// Compares the database's `_sqlx_migrations` with the migrations built in.
 async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     const WHAT: &str = "migrations";
-    let table: Option<String> = match crate::pg::conn::in_tx(conn, async |c| {
-        sqlx::query_scalar("SELECT pg_catalog.to_regclass('_sqlx_migrations')::text")
-            .persistent(false)
-            .fetch_one(c)
-            .await
-    })
-    .await
-    {
-        Ok(t) => t,
+    match crate::pg::conn::in_tx(conn, catalog::migrations_table_exists).await {
+        Ok(true) => {}
+        Ok(false) => return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}")),
         Err(e) => return query_failed(WHAT.into(), redactor, &e),
-    };
-    if table.is_none() {
-        return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}"));
     }
-    let applied: Vec<(i64, bool, Vec<u8>)> = match crate::pg::conn::in_tx(conn, async |c| {
-        sqlx::query_as("SELECT version, success, checksum FROM _sqlx_migrations")
-            .persistent(false)
-            .fetch_all(c)
-            .await
-    })
-    .await
-    {
+    let applied = match crate::pg::conn::in_tx(conn, catalog::applied_migrations).await {
         Ok(rows) => rows,
         Err(e) => {
             let mut line = query_failed(WHAT.into(), redactor, &e);
@@ -512,19 +615,17 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
     let mut changed = Vec::new();
     let mut failed = Vec::new();
     for m in &built {
-        match applied.iter().find(|(v, _, _)| *v == m.version) {
+        match applied.iter().find(|a| a.version == m.version) {
             None => pending.push(m.version.to_string()),
-            Some((_, false, _)) => failed.push(m.version.to_string()),
-            Some((_, true, sum)) if sum.as_slice() != &*m.checksum => {
-                changed.push(m.version.to_string())
-            }
+            Some(a) if !a.success => failed.push(m.version.to_string()),
+            Some(a) if a.checksum.as_slice() != &*m.checksum => changed.push(m.version.to_string()),
             Some(_) => {}
         }
     }
     let newer: Vec<String> = applied
         .iter()
-        .filter(|(v, _, _)| built.iter().all(|m| m.version != *v))
-        .map(|(v, _, _)| v.to_string())
+        .filter(|a| built.iter().all(|m| m.version != a.version))
+        .map(|a| a.version.to_string())
         .collect();
     let latest = built.iter().map(|m| m.version).max().unwrap_or(0);
     if !failed.is_empty() {
@@ -556,16 +657,21 @@ async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
             ),
         );
     }
-    let mut detail = format!("all {} applied (latest {latest})", built.len());
-    if !newer.is_empty() {
-        // A rolling upgrade migrates before the last old binary stops.
-        detail.push_str(&format!(
-            "; the database also has {} newer ({}), fine while an upgrade rolls out",
+    let all = format!("all {} applied (latest {latest})", built.len());
+    if newer.is_empty() {
+        return Line::ok(WHAT, all);
+    }
+    // A rolling upgrade migrates before the last old binary stops: this
+    // binary still works, but is the old one.
+    Line::warn(
+        WHAT,
+        format!(
+            "{all}; the database also has {} newer ({}): fine while an upgrade rolls out, \
+             else deploy the binary that shipped them",
             newer.len(),
             newer.join(", ")
-        ));
-    }
-    Line::ok(WHAT, detail)
+        ),
+    )
 }
 
 /// Whether `object` exists, as this role's `search_path` resolves it.
@@ -584,77 +690,36 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
     };
     match object {
         Object::Table(name) | Object::Index(name) => {
-            let found: Option<(String, Option<bool>, String)> = sqlx::query_as(
-                "SELECT c.relkind::text,
-                        (SELECT i.indisvalid FROM pg_catalog.pg_index i
-                          WHERE i.indexrelid OPERATOR(pg_catalog.=) c.oid),
-                        n.nspname::text
-                   FROM pg_catalog.pg_class c
-                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                  WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)",
-            )
-            .persistent(false)
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
-            let Some((relkind, valid, schema)) = found else {
-                let elsewhere: Option<String> = sqlx::query_scalar(
-                    "SELECT pg_catalog.string_agg(DISTINCT n.nspname::text, ', ')
-                       FROM pg_catalog.pg_class c
-                       JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                      WHERE c.relname OPERATOR(pg_catalog.=) $1",
-                )
-                .persistent(false)
-                .bind(name)
-                .fetch_one(&mut *conn)
-                .await?;
+            let Some(found) = catalog::relation(conn, name).await? else {
+                let elsewhere = catalog::relation_schemas_anywhere(conn, name).await?;
                 return Ok(missing(elsewhere));
             };
+            let schema = &found.schema;
             let want_index = matches!(object, Object::Index(_));
-            let is_index = matches!(relkind.as_str(), "i" | "I");
-            let is_table = matches!(relkind.as_str(), "r" | "p");
-            Ok(if want_index && !is_index || !want_index && !is_table {
-                Line::fail(
-                    what,
-                    format!("{schema}.{name} exists but is not a {}", object.kind()),
-                )
-            } else if valid == Some(false) {
-                Line::fail(
-                    what,
-                    format!(
-                        "{schema}.{name} is INVALID (a failed concurrent build); REINDEX INDEX {schema}.{name}"
-                    ),
-                )
-            } else {
-                Line::ok(what, format!("{schema}.{name}"))
-            })
+            Ok(
+                if want_index && !found.is_index() || !want_index && !found.is_table() {
+                    Line::fail(
+                        what,
+                        format!("{schema}.{name} exists but is not a {}", object.kind()),
+                    )
+                } else if found.valid == Some(false) {
+                    Line::fail(
+                        what,
+                        format!(
+                            "{schema}.{name} is INVALID (a failed concurrent build); REINDEX INDEX {schema}.{name}"
+                        ),
+                    )
+                } else {
+                    Line::ok(what, format!("{schema}.{name}"))
+                },
+            )
         }
         Object::Function(name) => {
-            let schemas: Vec<String> = sqlx::query_scalar(
-                "SELECT DISTINCT n.nspname::text
-                   FROM pg_catalog.pg_proc p
-                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-                  WHERE p.proname OPERATOR(pg_catalog.=) $1 AND pg_catalog.pg_function_is_visible(p.oid)",
-            )
-            .persistent(false)
-            .bind(name)
-            .fetch_all(&mut *conn)
-            .await?;
-            Ok(match schemas.as_slice() {
-                [] => {
-                    let elsewhere: Option<String> = sqlx::query_scalar(
-                        "SELECT pg_catalog.string_agg(DISTINCT n.nspname::text, ', ')
-                           FROM pg_catalog.pg_proc p
-                           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-                          WHERE p.proname OPERATOR(pg_catalog.=) $1",
-                    )
-                    .persistent(false)
-                    .bind(name)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                    missing(elsewhere)
-                }
-                found => Line::ok(what, format!("{}.{name}", found.join(","))),
+            let schemas = catalog::visible_function_schemas(conn, name).await?;
+            Ok(if schemas.is_empty() {
+                missing(catalog::function_schemas_anywhere(conn, name).await?)
+            } else {
+                Line::ok(what, format!("{}.{name}", schemas.join(",")))
             })
         }
     }
@@ -664,67 +729,30 @@ async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::E
 async fn granted(conn: &mut PgConnection, grant: &Grant, what: &str) -> Result<Line, sqlx::Error> {
     let privileges: Vec<String> = grant.privileges.iter().map(|p| (*p).to_owned()).collect();
     // NULL when the object is missing; else the privileges this role lacks.
-    let lacking: Option<Vec<String>> = match grant.on {
-        Object::Table(name) | Object::Index(name) => {
-            sqlx::query_scalar(
-                "SELECT CASE WHEN pg_catalog.to_regclass($1) IS NULL THEN NULL ELSE
-                        coalesce(pg_catalog.array_agg(p) FILTER (WHERE NOT
-                            CASE WHEN p OPERATOR(pg_catalog.~~) '% (%'
-                                 THEN (SELECT pg_catalog.bool_and(pg_catalog.has_column_privilege(
-                                              pg_catalog.to_regclass($1)::pg_catalog.oid, pg_catalog.btrim(c),
-                                              pg_catalog.split_part(p, ' ', 1)))
-                                         FROM pg_catalog.unnest(pg_catalog.string_to_array(
-                                              pg_catalog.rtrim(pg_catalog.split_part(p, '(', 2), ')'), ',')) AS c)
-                                 ELSE pg_catalog.has_table_privilege(pg_catalog.to_regclass($1)::pg_catalog.oid, p) END),
-                                 '{}'::pg_catalog.text[])
-                        END
-                   FROM pg_catalog.unnest($2::pg_catalog.text[]) AS p",
-            )
-            .persistent(false)
-            .bind(name)
-            .bind(&privileges)
-            .fetch_one(&mut *conn)
-            .await?
-        }
-        Object::Function(name) => {
-            // Every visible overload must be callable.
-            sqlx::query_scalar(
-                "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc f
-                                               WHERE f.proname OPERATOR(pg_catalog.=) $1
-                                                 AND pg_catalog.pg_function_is_visible(f.oid))
-                        THEN NULL ELSE
-                        coalesce(pg_catalog.array_agg(DISTINCT p) FILTER (WHERE NOT pg_catalog.has_function_privilege(f.oid, p)),
-                                 '{}'::pg_catalog.text[])
-                        END
-                   FROM pg_catalog.unnest($2::pg_catalog.text[]) AS p
-                   LEFT JOIN pg_catalog.pg_proc f ON f.proname OPERATOR(pg_catalog.=) $1
-                        AND pg_catalog.pg_function_is_visible(f.oid)",
-            )
-.persistent(false)
-            .bind(name)
-            .bind(&privileges)
-            .fetch_one(&mut *conn)
-            .await?
-        }
+    let (lacking, keyword, target) = match grant.on {
+        Object::Table(name) | Object::Index(name) => (
+            catalog::table_privileges_lacking(conn, name, &privileges).await?,
+            "TABLE",
+            name,
+        ),
+        Object::Function(name) => (
+            catalog::function_privileges_lacking(conn, name, &privileges).await?,
+            "FUNCTION",
+            name,
+        ),
     };
     Ok(match lacking {
         None => Line::fail(what, format!("{} is missing; {MIGRATE_HINT}", grant.on)),
         Some(lacking) if lacking.is_empty() => Line::ok(what, grant.why),
-        Some(lacking) => {
-            let (keyword, target) = match grant.on {
-                Object::Function(name) => ("FUNCTION", name),
-                Object::Table(name) | Object::Index(name) => ("TABLE", name),
-            };
-            Line::fail(
-                what,
-                format!(
-                    "{LACKS}{}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
-                    lacking.join(", "),
-                    grant.why,
-                    lacking.join(", ")
-                ),
-            )
-        }
+        Some(lacking) => Line::fail(
+            what,
+            format!(
+                "{LACKS}{}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
+                lacking.join(", "),
+                grant.why,
+                lacking.join(", ")
+            ),
+        ),
     })
 }
 
@@ -759,5 +787,56 @@ async fn resolve_statsd(statsd: &StatsdTarget) -> Line {
                 RESOLVE_TIMEOUT.as_secs()
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(statuses: &[Status]) -> Report {
+        Report {
+            lines: statuses
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Line::new(*s, format!("check {i}"), "found"))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_three_statuses_line_up() {
+        let lines: Vec<String> = [Status::Ok, Status::Warn, Status::Fail]
+            .into_iter()
+            .map(|s| Line::new(s, "x", "y").to_string())
+            .collect();
+        assert_eq!(lines, ["ok    x: y", "warn  x: y", "FAIL  x: y"]);
+    }
+
+    #[test]
+    fn warnings_pass_and_are_counted_in_the_summary() {
+        use Status::*;
+        let clean = report(&[Ok, Ok]);
+        assert!(clean.passed());
+        assert_eq!(clean.summary(), "check passed: all 2 checks ok");
+
+        let warned = report(&[Ok, Warn, Ok]);
+        assert!(warned.passed(), "a warning does not fail the check");
+        assert_eq!(
+            warned.summary(),
+            "check passed: 2 of 3 checks ok, 1 warning (see the warn lines above)"
+        );
+
+        let failed = report(&[Fail, Warn, Warn, Ok]);
+        assert!(!failed.passed());
+        assert_eq!((failed.failed(), failed.warned()), (1, 2));
+        assert_eq!(
+            failed.summary(),
+            "check FAILED: 1 of 4 checks failed, 2 warnings (see the FAIL and warn lines above)"
+        );
+        assert_eq!(
+            report(&[Fail, Ok]).summary(),
+            "check FAILED: 1 of 2 checks failed (see the FAIL lines above)"
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! `conn` opens (through the host walk of the `pgconn` crate) and describes connections; `migrate` applies the bundled
 //! schema; `lock_entry` holds the statements on `lock_entry` and its takeover
 //! outbox, run in batches by `lock_store` (the `LockStore` for `backend=pg`);
-//! `job_queue` holds the job queue's statements and its apply transaction.
+//! `job_queue` holds the job queue's statements and its apply transaction;
+//! `catalog` holds what the preflight asks the system catalogs.
 //! Nothing here logs, counts or decides when to run: the services in `sweep`
 //! and the commands in `cmd` do. Every statement is a literal; none is
 //! assembled at run time.
@@ -19,6 +20,7 @@
 //! The exception is the idle probes: one simple-protocol message each
 //! (`conn::probe_row`), which is its own implicit transaction.
 
+pub mod catalog;
 pub mod conn;
 pub mod job_queue;
 pub mod lock_entry;

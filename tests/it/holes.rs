@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use lease_sweeper::cmd::check::Status;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
@@ -411,9 +412,15 @@ async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_whe
         .iter()
         .find(|l| l.what == "definer functions' owner")
         .unwrap();
+    assert_eq!(line.status, Status::Warn, "{line:?}");
     assert!(
-        line.ok && line.detail.starts_with("WARNING: owned by superuser"),
-        "{line:?}"
+        line.to_string()
+            .starts_with("warn  definer functions' owner: owned by superuser "),
+        "{line}"
+    );
+    assert!(
+        report.passed(),
+        "a warning does not fail the check: {report}"
     );
     assert!(
         line.detail.contains("migrate as a dedicated owner role"),
@@ -441,5 +448,6 @@ async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_whe
         .iter()
         .find(|l| l.what == "definer functions' owner")
         .unwrap();
+    assert_eq!(line.status, Status::Ok, "{line:?}");
     assert_eq!(line.detail, format!("owned by {owner}, not a superuser"));
 }

@@ -129,7 +129,7 @@ async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
     let failed: Vec<String> = report
         .lines
         .iter()
-        .filter(|l| !l.ok)
+        .filter(|l| l.failed())
         .map(|l| format!("{}: {}", l.what, l.detail))
         .collect();
     assert!(
