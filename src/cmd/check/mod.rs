@@ -1,0 +1,142 @@
+//! `lease-sweeper check`: the operator's preflight, also run by systemd's
+//! `ExecStartPre`.
+//!
+//! Owns the list of what the daemon needs from its environment and checking
+//! each item once: where the target came from and the connection (each host
+//! within the target's own `connect_timeout`, as the daemon's walk), the
+//! migration version, the tables, indexes and functions, the connecting
+//! role's privileges, who owns the definer functions, and that the StatsD
+//! host resolves. It prints one line per check on stdout, `ok`, `warn` (a
+//! finding worth acting on that does not stop the daemon) or `FAIL` (with
+//! what to do), then a summary, and exits 0 unless a line is `FAIL`, 1
+//! otherwise (2 stays "configuration error", as everywhere).
+//!
+//! It changes nothing and never prints a password: the database is named by
+//! `DbTarget::display`, and every error text goes through its redactor.
+//!
+//! It is data-driven on purpose: the schema grows in `migrations/` by other
+//! hands, and adding a table, index, function or grant to check is one line in
+//! `EXPECTED` or `GRANTS` (`inventory`). The parts: `inventory` (what is
+//! checked), `connection` (reaching the database and StatsD), `schema` (what
+//! is asked once connected) and `report` (the lines and the verdict); this
+//! file runs them in order. The statements it sends are `pg::catalog`'s; this
+//! module owns only the wording and the status of each line. It does not own
+//! the SQL of the sweep, nor decide whether a failed check blocks the daemon
+//! (the unit file does).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+use crate::config::{DbTarget, Redactor, StatsdTarget};
+
+/// How long resolving the StatsD host may take.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Said whenever part of the schema is missing.
+const MIGRATE_HINT: &str = "run `lease-sweeper migrate` with a role that may create objects";
+
+/// How a FAIL line about a missing privilege starts.
+const LACKS: &str = "this role lacks ";
+
+/// Added to the verdict when privileges are missing: the migrations ship a
+/// role holding exactly what `run` and `check` need.
+const ROLE_HINT: &str = "; the migrated role lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>";
+
+mod connection;
+mod inventory;
+mod report;
+mod schema;
+
+pub use inventory::{EXPECTED, GRANTS, Grant, Object};
+pub use report::{Line, Report, Status};
+
+use connection::{SETTINGS, connect, resolve_statsd};
+use schema::{
+    DEFINER_OWNERS, PLANTED, definer_owners, exists, granted, migrations, planted_overloads,
+};
+
+/// `lease-sweeper check`: reads the environment like `run`, prints the report
+/// on stdout, exits 0 when no check failed (warnings do not count), 1
+/// otherwise.
+pub async fn run() -> anyhow::Result<ExitCode> {
+    let db = DbTarget::from_env()?;
+    let statsd = StatsdTarget::from_env()?;
+    let report = preflight(&db, &statsd).await;
+    print!("{report}");
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Runs every check against `db` and `statsd`; never fails, reports.
+pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
+    let mut report = Report::default();
+    let redactor = db.redactor();
+    let connected = connect(db).await;
+    // What the target's resolution ignored (a password file others may
+    // read, an unsupported parameter): `run` logs the same as warnings.
+    let notes = db
+        .notes()
+        .iter()
+        .map(|note| Line::warn(SETTINGS, redactor.redact(note)));
+    match connected {
+        Ok((mut conn, line)) => {
+            report.lines.push(line);
+            report.lines.extend(notes);
+            database_checks(&mut conn, &redactor, &mut report.lines).await;
+            // Best effort: the server ends the session anyway when we exit.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), sqlx::Connection::close(conn)).await;
+        }
+        Err(line) => {
+            report.lines.push(line);
+            report.lines.extend(notes);
+            report.lines.push(Line::fail(
+                "schema and privileges",
+                "not checked without a database connection",
+            ));
+        }
+    }
+    report.lines.push(resolve_statsd(statsd).await);
+    report
+}
+
+async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
+    lines.push(migrations(conn, redactor).await);
+    for object in EXPECTED {
+        let what = object.to_string();
+        lines.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
+    }
+    for grant in GRANTS {
+        let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
+        let line = checked(conn, redactor, what.clone(), async |c| {
+            granted(c, grant, &what).await
+        });
+        lines.push(line.await);
+    }
+    let owners = checked(conn, redactor, DEFINER_OWNERS.into(), definer_owners).await;
+    lines.push(owners);
+    let planted = checked(conn, redactor, PLANTED.into(), planted_overloads).await;
+    lines.push(planted);
+}
+
+/// One check in its own guarded transaction (PgBouncer-safe, `in_tx`); a
+/// query that fails becomes its FAIL line, named `what`.
+async fn checked(
+    conn: &mut PgConnection,
+    redactor: &Redactor,
+    what: String,
+    check: impl AsyncFnOnce(&mut PgConnection) -> Result<Line, sqlx::Error>,
+) -> Line {
+    crate::pg::conn::in_tx(conn, check)
+        .await
+        .unwrap_or_else(|e| query_failed(what, redactor, &e))
+}
+
+fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
+    Line::fail(what, redactor.redact(&crate::pg::conn::describe(err)))
+}

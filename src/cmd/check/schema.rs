@@ -1,0 +1,236 @@
+//! What `check` asks the database once connected: the migrations applied,
+//! each expected object, each grant, who owns the definer functions, and
+//! overloads planted in front of built-ins. The statements are
+//! `pg::catalog`'s; this module words the lines.
+
+use sqlx::PgConnection;
+
+use super::{Grant, LACKS, Line, MIGRATE_HINT, Object, query_failed};
+use crate::config::Redactor;
+use crate::pg::catalog;
+
+pub(super) const DEFINER_OWNERS: &str = "definer functions' owner";
+pub(super) const PLANTED: &str = "overloads of built-ins";
+
+/// Warns when SECURITY DEFINER functions on this role's search path are
+/// owned by a superuser: whatever flaw they have would run with every right.
+/// Not a failure: the daemon works, and re-owning them is a migration-time
+/// decision (docs/least-privilege.md).
+pub(super) async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
+    let owners = catalog::definer_owners(conn).await?;
+    Ok(match owners {
+        catalog::DefinerOwners {
+            superusers: Some(superusers),
+            ..
+        } => Line::warn(
+            DEFINER_OWNERS,
+            format!(
+                "owned by superuser {superusers}, so a flaw in any of them runs with every right; \
+                 migrate as a dedicated owner role instead (docs/least-privilege.md, \"Migrate as a dedicated owner\")"
+            ),
+        ),
+        catalog::DefinerOwners {
+            superusers: None,
+            all: Some(owners),
+        } => Line::ok(
+            DEFINER_OWNERS,
+            format!("owned by {owners}, not a superuser"),
+        ),
+        catalog::DefinerOwners {
+            superusers: None,
+            all: None,
+        } => Line::ok(DEFINER_OWNERS, "none on the search path"),
+    })
+}
+
+/// Fails when a schema on the search path holds an overload of a built-in
+/// owned by a role that is neither a superuser nor this one: it can win over
+/// the built-in in an unqualified call (CVE-2018-1058). `migrate` refuses
+/// to run then (`pg::migrate::PLANTED_OVERLOADS`, the same statement).
+pub(super) async fn planted_overloads(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
+    Ok(match catalog::planted_overloads(conn).await? {
+        None => Line::ok(PLANTED, "none owned by another role on the search path"),
+        Some(planted) => Line::fail(
+            PLANTED,
+            format!(
+                "{planted}: each can be chosen instead of the built-in it shadows; have it dropped and \
+                 REVOKE CREATE ON SCHEMA public FROM PUBLIC (migrate refuses to run until then)"
+            ),
+        ),
+    })
+}
+
+/// Compares the database's `_sqlx_migrations` with the migrations built in.
+pub(super) async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
+    const WHAT: &str = "migrations";
+    match crate::pg::conn::in_tx(conn, catalog::migrations_table_exists).await {
+        Ok(true) => {}
+        Ok(false) => return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}")),
+        Err(e) => return query_failed(WHAT.into(), redactor, &e),
+    }
+    let applied = match crate::pg::conn::in_tx(conn, catalog::applied_migrations).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            let mut line = query_failed(WHAT.into(), redactor, &e);
+            if e.as_database_error()
+                .and_then(|d| d.code())
+                .is_some_and(|c| c == "42501")
+            {
+                line.detail
+                    .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
+            }
+            return line;
+        }
+    };
+    let built: Vec<_> = crate::pg::migrate::MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .collect();
+    let mut pending = Vec::new();
+    let mut changed = Vec::new();
+    let mut failed = Vec::new();
+    for m in &built {
+        match applied.iter().find(|a| a.version == m.version) {
+            None => pending.push(m.version.to_string()),
+            Some(a) if !a.success => failed.push(m.version.to_string()),
+            Some(a) if a.checksum.as_slice() != &*m.checksum => changed.push(m.version.to_string()),
+            Some(_) => {}
+        }
+    }
+    let newer: Vec<String> = applied
+        .iter()
+        .filter(|a| built.iter().all(|m| m.version != a.version))
+        .map(|a| a.version.to_string())
+        .collect();
+    let latest = built.iter().map(|m| m.version).max().unwrap_or(0);
+    if !failed.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} partially applied (success=false); fix the schema by hand, delete its row from _sqlx_migrations, then run `lease-sweeper migrate`",
+                failed.join(", ")
+            ),
+        );
+    }
+    if !changed.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} applied with a different checksum than this binary's; the database and binary disagree on the schema, deploy matching versions",
+                changed.join(", ")
+            ),
+        );
+    }
+    if !pending.is_empty() {
+        return Line::fail(
+            WHAT,
+            format!(
+                "{} of {} pending ({}); {MIGRATE_HINT}",
+                pending.len(),
+                built.len(),
+                pending.join(", ")
+            ),
+        );
+    }
+    let all = format!("all {} applied (latest {latest})", built.len());
+    if newer.is_empty() {
+        return Line::ok(WHAT, all);
+    }
+    // A rolling upgrade migrates before the last old binary stops: this
+    // binary still works, but is the old one.
+    Line::warn(
+        WHAT,
+        format!(
+            "{all}; the database also has {} newer ({}): fine while an upgrade rolls out, \
+             else deploy the binary that shipped them",
+            newer.len(),
+            newer.join(", ")
+        ),
+    )
+}
+
+/// Whether `object` exists, as this role's `search_path` resolves it.
+pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Line, sqlx::Error> {
+    let what = object.to_string();
+    // Not visible through search_path: either absent, or in a schema this
+    // role may not use (a schema without USAGE is skipped silently).
+    let missing = |elsewhere: Option<String>| match elsewhere {
+        None => Line::fail(object.to_string(), format!("missing; {MIGRATE_HINT}")),
+        Some(schemas) => Line::fail(
+            object.to_string(),
+            format!(
+                "not visible to this role, but found in schema {schemas}; GRANT USAGE ON SCHEMA {schemas} TO <this role>, or put it on the role's search_path"
+            ),
+        ),
+    };
+    match object {
+        Object::Table(name) | Object::Index(name) => {
+            let Some(found) = catalog::relation(conn, name).await? else {
+                let elsewhere = catalog::relation_schemas_anywhere(conn, name).await?;
+                return Ok(missing(elsewhere));
+            };
+            let schema = &found.schema;
+            let want_index = matches!(object, Object::Index(_));
+            Ok(
+                if want_index && !found.is_index() || !want_index && !found.is_table() {
+                    Line::fail(
+                        what,
+                        format!("{schema}.{name} exists but is not a {}", object.kind()),
+                    )
+                } else if found.valid == Some(false) {
+                    Line::fail(
+                        what,
+                        format!(
+                            "{schema}.{name} is INVALID (a failed concurrent build); REINDEX INDEX {schema}.{name}"
+                        ),
+                    )
+                } else {
+                    Line::ok(what, format!("{schema}.{name}"))
+                },
+            )
+        }
+        Object::Function(name) => {
+            let schemas = catalog::visible_function_schemas(conn, name).await?;
+            Ok(if schemas.is_empty() {
+                missing(catalog::function_schemas_anywhere(conn, name).await?)
+            } else {
+                Line::ok(what, format!("{}.{name}", schemas.join(",")))
+            })
+        }
+    }
+}
+
+/// Whether the connecting role holds every privilege of `grant`.
+pub(super) async fn granted(
+    conn: &mut PgConnection,
+    grant: &Grant,
+    what: &str,
+) -> Result<Line, sqlx::Error> {
+    let privileges: Vec<String> = grant.privileges.iter().map(|p| (*p).to_owned()).collect();
+    // NULL when the object is missing; else the privileges this role lacks.
+    let (lacking, keyword, target) = match grant.on {
+        Object::Table(name) | Object::Index(name) => (
+            catalog::table_privileges_lacking(conn, name, &privileges).await?,
+            "TABLE",
+            name,
+        ),
+        Object::Function(name) => (
+            catalog::function_privileges_lacking(conn, name, &privileges).await?,
+            "FUNCTION",
+            name,
+        ),
+    };
+    Ok(match lacking {
+        None => Line::fail(what, format!("{} is missing; {MIGRATE_HINT}", grant.on)),
+        Some(lacking) if lacking.is_empty() => Line::ok(what, grant.why),
+        Some(lacking) => Line::fail(
+            what,
+            format!(
+                "{LACKS}{}, needed because {}; GRANT {} ON {keyword} {target} TO <this role>",
+                lacking.join(", "),
+                grant.why,
+                lacking.join(", ")
+            ),
+        ),
+    })
+}
