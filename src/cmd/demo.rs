@@ -15,6 +15,7 @@ use sqlx::{Connection as _, PgConnection};
 use tokio::net::UdpSocket;
 use tracing::info;
 
+use crate::model::{ACTION_RESET, DryRunReport, WOULD_DEAD_LETTER};
 use crate::throwaway::ThrowawayPg;
 
 // The demo's statements: the lock server's and the worker's calls of the
@@ -385,24 +386,28 @@ async fn show_scrape(addr: std::net::SocketAddr) -> anyhow::Result<()> {
 
 /// The dry run, as a person reads it: a summary line, then one line per job.
 fn show_dry_run(json: &str) -> anyhow::Result<()> {
-    let v: serde_json::Value = serde_json::from_str(json).context("reading the dry run")?;
-    let empty = Vec::new();
-    let jobs = v["jobs"].as_array().unwrap_or(&empty);
-    let would = |action: &str| jobs.iter().filter(|j| j["would_action"] == action).count();
+    let report: DryRunReport = serde_json::from_str(json).context("reading the dry run")?;
+    let would = |action: &str| {
+        report
+            .jobs
+            .iter()
+            .filter(|j| j.would_action == action)
+            .count()
+    };
     info!(
-        staleLeases = v["stale_lease_count"].as_u64().unwrap_or(0),
-        wouldReset = would("reset_to_retry_waiting"),
-        wouldDeadLetter = would("move_to_dead_letter"),
+        staleLeases = report.stale_lease_count,
+        wouldReset = would(ACTION_RESET),
+        wouldDeadLetter = would(WOULD_DEAD_LETTER),
         note = "read-only: `lease-sweeper jobs dry-run` shows the same as a table",
         "demo_job_dry_run"
     );
-    for job in jobs {
+    for job in &report.jobs {
         info!(
-            jobId = job["job_id"].as_str().unwrap_or(""),
-            jobKind = job["job_kind"].as_str().unwrap_or(""),
-            attempts = job["attempts"].as_i64().unwrap_or(0),
-            maxAttempts = job["max_attempts"].as_i64().unwrap_or(0),
-            wouldAction = job["would_action"].as_str().unwrap_or(""),
+            jobId = job.job_id.as_str(),
+            jobKind = job.job_kind.as_str(),
+            attempts = job.attempts,
+            maxAttempts = job.max_attempts,
+            wouldAction = job.would_action.as_str(),
             "demo_job_would"
         );
     }
