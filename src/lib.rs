@@ -13,6 +13,11 @@
 //!   target rules and the host walk), `shutdown` (signals), `progress`,
 //!   `notify` and `heartbeat` (loop liveness for systemd and containers),
 //!   `throwaway` (a local PostgreSQL for the demo and the tests).
+//!
+//! `unsafe` is denied except where no safe API exists (one place, which
+//! says why).
+
+#![deny(unsafe_code)]
 
 pub mod cli;
 pub mod cmd;

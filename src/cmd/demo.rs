@@ -11,6 +11,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use sqlx::{Connection as _, PgConnection};
 use tokio::net::UdpSocket;
 use tracing::info;
@@ -241,10 +243,8 @@ pub async fn run() -> anyhow::Result<()> {
     show_scrape(scrape_addr).await?;
 
     info!(pid, "demo_sending_sigterm");
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
+    // std and tokio only send SIGKILL; the daemon's drain is what is shown.
+    kill(Pid::from_raw(pid), Signal::SIGTERM).context("sending SIGTERM to the daemon")?;
     let status = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
         .await
         .context("the daemon did not stop within 10 s of SIGTERM")??;

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use lease_sweeper::config::DbTarget;
 use lease_sweeper::throwaway::ThrowawayPg;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use sqlx::{Connection as _, PgConnection};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::net::UdpSocket;
@@ -43,6 +45,8 @@ fn admin_url() -> &'static str {
         let pg = ThrowawayPg::start().expect("starting a throwaway PostgreSQL for the tests");
         let url = pg.url("postgres");
         CLUSTER.set(Mutex::new(pg)).ok().expect("cluster set once");
+        // A static is never dropped, and neither std nor any crate offers a
+        // safe way to run code at exit.
         // SAFETY: registering a plain extern "C" fn with no captured state.
         unsafe {
             libc::atexit(destroy_cluster);
@@ -512,10 +516,8 @@ impl Daemon {
     }
 
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(self.pid(), signal);
-        }
+        let signal = Signal::try_from(signal).expect("a signal number");
+        let _ = kill(Pid::from_raw(self.pid()), signal);
     }
 
     pub async fn wait_for_event(&self, name: &str, timeout: Duration) {
