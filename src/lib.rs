@@ -16,19 +16,27 @@
 //!
 //! `unsafe` is denied except where no safe API exists (one place, which
 //! says why).
+//!
+//! Public: what the binary needs (`cli`, `cmd`'s dispatch, `telemetry`).
+//! The integration tests reach the few internals they drive through
+//! `testing`, which is no API.
 
 #![deny(unsafe_code)]
 
 pub mod cli;
 pub mod cmd;
-pub mod config;
+mod config;
 mod heartbeat;
-pub mod model;
+mod model;
 mod notify;
-pub mod output;
-pub mod pg;
-pub mod progress;
+mod output;
+mod pg;
+mod progress;
 mod shutdown;
-pub mod store;
-pub mod sweep;
-pub mod throwaway;
+mod store;
+mod sweep;
+#[doc(hidden)]
+pub mod testing;
+mod throwaway;
+
+pub use output::telemetry;

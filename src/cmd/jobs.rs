@@ -104,16 +104,6 @@ pub async fn run_gates(
     run_gates_as(target, args, out, Format::json(pretty)).await
 }
 
-/// `leases …` printing the JSON to `out`, indented when `pretty`.
-pub async fn run_leases(
-    target: &DbTarget,
-    args: LeasesArgs,
-    out: &mut dyn Write,
-    pretty: bool,
-) -> anyhow::Result<ExitCode> {
-    run_leases_as(target, args, out, Format::json(pretty)).await
-}
-
 /// `jobs …` against `target`, printing to `out` (the testable core).
 pub async fn run_jobs_as(
     target: &DbTarget,

@@ -5,9 +5,9 @@
 //! `ConfigError` anywhere in the chain means exit 2.
 
 mod alive;
-pub mod check;
+pub(crate) mod check;
 mod demo;
-pub mod jobs;
+pub(crate) mod jobs;
 mod migrate;
 mod run;
 
@@ -58,7 +58,7 @@ pub fn log_output(command: &Command) -> crate::output::telemetry::Output {
 ///
 /// gethostname(2) rather than /proc: systemd's `ProcSubset=pid` hides
 /// /proc/sys, and a container may not mount it at all.
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()
         .map(|h| h.to_string_lossy().trim().to_owned())

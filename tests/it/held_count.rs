@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use lease_sweeper::output::events::EventLog;
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE, HeldCount};
-use lease_sweeper::pg::lock_store::PgLockStore;
-use lease_sweeper::store::StoreError;
-use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::events::EventLog;
+use lease_sweeper::testing::lock_entry::{self as locks, HELD_COUNT_MAX_AGE, HeldCount};
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::store::StoreError;
 use sqlx::{Connection as _, PgConnection};
 use tokio_util::sync::CancellationToken;
 

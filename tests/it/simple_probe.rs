@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use lease_sweeper::pg::conn::{self, PROBE_TIMEOUT};
-use lease_sweeper::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
-use lease_sweeper::pg::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
+use lease_sweeper::testing::conn::{self, PROBE_TIMEOUT};
+use lease_sweeper::testing::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
 
 use crate::jobs_support::dry_run;
 use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};

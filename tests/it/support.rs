@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use lease_sweeper::config::DbTarget;
-use lease_sweeper::throwaway::ThrowawayPg;
+use lease_sweeper::testing::config::DbTarget;
+use lease_sweeper::testing::throwaway::ThrowawayPg;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use sqlx::{Connection as _, PgConnection};
@@ -66,7 +66,7 @@ impl TestDb {
     pub async fn new() -> Self {
         let db = Self::empty().await;
         let mut conn = db.connect().await;
-        lease_sweeper::pg::migrate::migrate(&mut conn)
+        lease_sweeper::testing::migrate::migrate(&mut conn)
             .await
             .expect("migrations apply");
         db
@@ -369,8 +369,8 @@ impl StatsdCapture {
         Self { port, lines }
     }
 
-    pub fn target(&self) -> lease_sweeper::config::StatsdTarget {
-        lease_sweeper::config::StatsdTarget {
+    pub fn target(&self) -> lease_sweeper::testing::config::StatsdTarget {
+        lease_sweeper::testing::config::StatsdTarget {
             host: "127.0.0.1".into(),
             port: self.port,
         }
@@ -419,7 +419,7 @@ impl StatsdCapture {
 
 /// Decodes a logfmt line into a map (asserting it decodes at all).
 pub fn fields(line: &str) -> HashMap<String, String> {
-    lease_sweeper::output::logfmt::decode_line(line)
+    lease_sweeper::testing::logfmt::decode_line(line)
         .unwrap_or_else(|| panic!("not a logfmt line: {line:?}"))
         .into_iter()
         .collect()
@@ -846,7 +846,7 @@ impl JobQueueBlock {
 /// Applies the bundled migrations up to and including `version` only, so a
 /// test can plant rows an older schema admitted before migrating the rest.
 pub async fn migrate_to(conn: &mut PgConnection, version: i64) {
-    lease_sweeper::pg::migrate::MIGRATOR
+    lease_sweeper::testing::migrate::MIGRATOR
         .run_to(version, conn)
         .await
         .expect("migrations up to the given version apply");
