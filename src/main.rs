@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use lease_sweeper::{cli::Cli, cmd, output::telemetry};
+use lease_sweeper::{cli::Cli, cmd, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -50,6 +50,9 @@ impl ReapedBy {
 pub const ACTION_RESET: &str = "reset_to_retry_waiting";
 /// Apply's action for a job moved to the dead-letter table.
 pub const ACTION_DEAD_LETTER: &str = "moved_to_dead_letter";
+/// The dry run's `would_action` for a job on its last attempt (a reset is
+/// `ACTION_RESET`, spelled as apply spells it).
+pub const WOULD_DEAD_LETTER: &str = "move_to_dead_letter";
 
 /// `fn_job_reap_stale_leases_apply`'s answer: a refusal or a report.
 #[derive(Debug, Clone, Deserialize)]
@@ -58,6 +61,9 @@ pub struct ApplyReport {
     /// Set on a refusal only.
     #[serde(default)]
     pub reason: Option<String>,
+    /// Who applied (absent on a refusal).
+    #[serde(default)]
+    pub actor: Option<String>,
     #[serde(default)]
     pub reset_count: u64,
     #[serde(default)]
@@ -109,4 +115,45 @@ pub struct JobAction {
 #[derive(Debug, Clone, Deserialize)]
 pub struct DeadLetter {
     pub dead_letter_id: String,
+}
+
+/// `fn_job_reap_stale_leases_dry_run`'s answer: a refusal (a limit out of
+/// range) or what an apply would do now, changing nothing.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DryRunReport {
+    /// Absent unless it refused.
+    #[serde(default)]
+    pub refused: bool,
+    /// Set on a refusal only.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Every stale job lease, not only the `limit` listed.
+    #[serde(default)]
+    pub stale_lease_count: u64,
+    /// The limit asked for.
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// The oldest stale leases, at most `limit`.
+    #[serde(default)]
+    pub jobs: Vec<DryRunJob>,
+}
+
+/// One stale job of the dry run.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DryRunJob {
+    pub job_id: String,
+    pub job_kind: String,
+    pub lease_owner: Option<String>,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    /// The lease its latest claim or heartbeat gave it, and where that came
+    /// from (`override`, `kind` or `default`); absent when none recorded one.
+    #[serde(default)]
+    pub lease_duration_sec: Option<i64>,
+    #[serde(default)]
+    pub lease_duration_source: Option<String>,
+    /// Whole seconds past `lease_until`, by the database's clock.
+    pub overdue_seconds: i64,
+    /// `ACTION_RESET` or `WOULD_DEAD_LETTER`.
+    pub would_action: String,
 }

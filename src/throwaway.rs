@@ -8,7 +8,6 @@
 //! port, and it dies with the thread that started it even if we are killed.
 //! It is never used by `run`, which talks to the operator's database.
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
@@ -17,6 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::{Pid, User, geteuid};
 
 /// How long the postmaster may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -273,15 +276,15 @@ impl ThrowawayPg {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().map_err(io_err("log"))?)
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; it runs in the forked child after
-        // the uid change (which would otherwise clear the setting).
+        // No safe API runs code between fork and exec: std's pre_exec is
+        // unsafe, and the parent-death signal can only be set in the child.
+        // SAFETY: the closure makes one prctl(2) call, which is
+        // async-signal-safe, allocates nothing and takes no lock; it runs in
+        // the forked child after the uid change (which would otherwise clear
+        // the setting).
+        #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            cmd.pre_exec(|| set_pdeathsig(Signal::SIGQUIT).map_err(io::Error::from));
         }
         // The postmaster is tied to the thread that forks it (PDEATHSIG), so a
         // dedicated thread forks it and waits for it: it outlives test threads
@@ -348,13 +351,11 @@ impl ThrowawayPg {
     pub fn stop(&mut self, mode: StopMode) {
         if let Some(pm) = self.postmaster.take() {
             let signal = match mode {
-                StopMode::Fast => libc::SIGINT,
-                StopMode::Immediate => libc::SIGQUIT,
+                StopMode::Fast => Signal::SIGINT,
+                StopMode::Immediate => Signal::SIGQUIT,
             };
-            // SAFETY: plain kill(2) on the pid of our own child.
-            unsafe {
-                libc::kill(pm.pid, signal);
-            }
+            // Fails only if it has exited already, which the wait then sees.
+            let _ = kill(Pid::from_raw(pm.pid), signal);
             let _ = pm.exited.recv_timeout(STOP_TIMEOUT);
         }
     }
@@ -428,19 +429,13 @@ fn find_bindir() -> Option<PathBuf> {
 
 /// `None` when we are not root; otherwise the uid/gid to run PostgreSQL as.
 fn unprivileged_user() -> Result<Option<(u32, u32)>, ThrowawayError> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !geteuid().is_root() {
         return Ok(None);
     }
     for name in ["postgres", "nobody"] {
-        let cname = CString::new(name).expect("no NUL in a literal");
-        // SAFETY: getpwnam returns NULL or a pointer to static storage, read at
-        // once; nothing else in this process calls it concurrently at start-up.
-        let pw = unsafe { libc::getpwnam(cname.as_ptr()) };
-        if !pw.is_null() {
-            // SAFETY: non-null pointer from getpwnam.
-            let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-            return Ok(Some((uid, gid)));
+        // getpwnam_r: test threads may look users up at the same time.
+        if let Ok(Some(user)) = User::from_name(name) {
+            return Ok(Some((user.uid.as_raw(), user.gid.as_raw())));
         }
     }
     Err(ThrowawayError::NoUnprivilegedUser)

@@ -11,10 +11,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use sqlx::{Connection as _, PgConnection};
 use tokio::net::UdpSocket;
 use tracing::info;
 
+use crate::model::{ACTION_RESET, DryRunReport, WOULD_DEAD_LETTER};
 use crate::throwaway::ThrowawayPg;
 
 // The demo's statements: the lock server's and the worker's calls of the
@@ -25,15 +28,38 @@ const RELEASE: &str = "SELECT lock_release($1, $2)";
 const ENQUEUE: &str = "SELECT fn_job_enqueue($1, '{}'::jsonb, $2)::text";
 const CLAIM: &str = "SELECT job_id::text FROM fn_job_claim($1, NULL, $2)";
 /// Leases other than the kept one, and takeovers not yet drained.
-const UNSWEPT: &str = "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> $1), \
-                              (SELECT count(*) FROM lock_expiry_outbox)";
+const UNSWEPT: &str = "SELECT (SELECT count(*) FROM lock_entry WHERE lock_key <> $1) AS leases, \
+                              (SELECT count(*) FROM lock_expiry_outbox) AS takeovers";
 const LEASED_JOBS: &str = "SELECT count(*) FROM job_queue WHERE state = 'leased'";
 const JOB_AFTER_REAP: &str = "SELECT job_kind, state, attempts,
-        greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint
+        greatest(0, round(extract(epoch FROM scheduled_at - now())))::bigint AS retry_in_sec
    FROM job_queue WHERE job_id = $1::uuid";
 const HELD: &str = "SELECT count(*) FROM lock_entry";
-const REAPED_JOBS: &str = "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting'), \
-                                  (SELECT count(*) FROM job_dead_letter)";
+const REAPED_JOBS: &str = "SELECT (SELECT count(*) FROM job_queue WHERE state = 'retry_waiting') AS reset, \
+                                  (SELECT count(*) FROM job_dead_letter) AS dead_lettered";
+
+/// `UNSWEPT`'s row.
+#[derive(sqlx::FromRow)]
+struct Unswept {
+    leases: i64,
+    takeovers: i64,
+}
+
+/// `JOB_AFTER_REAP`'s row.
+#[derive(sqlx::FromRow)]
+struct JobAfterReap {
+    job_kind: String,
+    state: String,
+    attempts: i32,
+    retry_in_sec: i64,
+}
+
+/// `REAPED_JOBS`'s row.
+#[derive(sqlx::FromRow)]
+struct ReapedJobs {
+    reset: i64,
+    dead_lettered: i64,
+}
 
 /// The key held by a healthy lock server all through the demo.
 const KEPT_KEY: &str = "report:daily";
@@ -198,12 +224,18 @@ pub async fn run() -> anyhow::Result<()> {
         tokio::time::sleep(POLL).await;
     }
     for job in [&retried, &buried] {
-        let (kind, state, attempts, scheduled_in): (String, String, i32, i64) =
-            sqlx::query_as(JOB_AFTER_REAP)
-                .bind(job)
-                .fetch_one(&mut conn)
-                .await?;
-        info!(jobId = %job, jobKind = %kind, state = %state, attempts, retryInSec = scheduled_in, "demo_job_after_reap");
+        let after: JobAfterReap = sqlx::query_as(JOB_AFTER_REAP)
+            .bind(job)
+            .fetch_one(&mut conn)
+            .await?;
+        info!(
+            jobId = %job,
+            jobKind = %after.job_kind,
+            state = %after.state,
+            attempts = after.attempts,
+            retryInSec = after.retry_in_sec,
+            "demo_job_after_reap"
+        );
     }
 
     // One more sweep so the gauge and a quiet sweep (no WARN) show.
@@ -211,18 +243,15 @@ pub async fn run() -> anyhow::Result<()> {
     show_scrape(scrape_addr).await?;
 
     info!(pid, "demo_sending_sigterm");
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
+    // std and tokio only send SIGKILL; the daemon's drain is what is shown.
+    kill(Pid::from_raw(pid), Signal::SIGTERM).context("sending SIGTERM to the daemon")?;
     let status = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
         .await
         .context("the daemon did not stop within 10 s of SIGTERM")??;
     tokio::time::sleep(Duration::from_millis(100)).await;
     printer.abort();
     let still_held: i64 = sqlx::query_scalar(HELD).fetch_one(&mut conn).await?;
-    let (jobs_reset, jobs_dead): (i64, i64) =
-        sqlx::query_as(REAPED_JOBS).fetch_one(&mut conn).await?;
+    let jobs: ReapedJobs = sqlx::query_as(REAPED_JOBS).fetch_one(&mut conn).await?;
     conn.close().await.ok();
     drop(pg);
     info!(
@@ -230,16 +259,20 @@ pub async fn run() -> anyhow::Result<()> {
         leasesAbandoned = abandoned.len(),
         leasesTakenOver = 1,
         leasesStillHeld = still_held,
-        jobsReset = jobs_reset,
-        jobsDeadLettered = jobs_dead,
+        jobsReset = jobs.reset,
+        jobsDeadLettered = jobs.dead_lettered,
         elapsedMillis = started.elapsed().as_millis() as u64,
         "demo_finished"
     );
     if !status.success() {
         bail!("the daemon exited with {status}");
     }
-    if (jobs_reset, jobs_dead) != (1, 1) {
-        bail!("expected one job reset and one dead-lettered, got {jobs_reset} and {jobs_dead}");
+    if (jobs.reset, jobs.dead_lettered) != (1, 1) {
+        bail!(
+            "expected one job reset and one dead-lettered, got {} and {}",
+            jobs.reset,
+            jobs.dead_lettered
+        );
     }
     Ok(())
 }
@@ -299,11 +332,11 @@ async fn release(conn: &mut PgConnection, key: &str, token: i64) -> anyhow::Resu
 /// every abandoned lease and takeover has been swept.
 async fn swept(conn: &mut PgConnection, kept: i64) -> anyhow::Result<bool> {
     renew(conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
-    let (left, outbox): (i64, i64) = sqlx::query_as(UNSWEPT)
+    let left: Unswept = sqlx::query_as(UNSWEPT)
         .bind(KEPT_KEY)
         .fetch_one(conn)
         .await?;
-    Ok(left == 0 && outbox == 0)
+    Ok(left.leases == 0 && left.takeovers == 0)
 }
 
 /// Renews the kept lease, then says whether no job is leased any more.
@@ -353,24 +386,28 @@ async fn show_scrape(addr: std::net::SocketAddr) -> anyhow::Result<()> {
 
 /// The dry run, as a person reads it: a summary line, then one line per job.
 fn show_dry_run(json: &str) -> anyhow::Result<()> {
-    let v: serde_json::Value = serde_json::from_str(json).context("reading the dry run")?;
-    let empty = Vec::new();
-    let jobs = v["jobs"].as_array().unwrap_or(&empty);
-    let would = |action: &str| jobs.iter().filter(|j| j["would_action"] == action).count();
+    let report: DryRunReport = serde_json::from_str(json).context("reading the dry run")?;
+    let would = |action: &str| {
+        report
+            .jobs
+            .iter()
+            .filter(|j| j.would_action == action)
+            .count()
+    };
     info!(
-        staleLeases = v["stale_lease_count"].as_u64().unwrap_or(0),
-        wouldReset = would("reset_to_retry_waiting"),
-        wouldDeadLetter = would("move_to_dead_letter"),
+        staleLeases = report.stale_lease_count,
+        wouldReset = would(ACTION_RESET),
+        wouldDeadLetter = would(WOULD_DEAD_LETTER),
         note = "read-only: `lease-sweeper jobs dry-run` shows the same as a table",
         "demo_job_dry_run"
     );
-    for job in jobs {
+    for job in &report.jobs {
         info!(
-            jobId = job["job_id"].as_str().unwrap_or(""),
-            jobKind = job["job_kind"].as_str().unwrap_or(""),
-            attempts = job["attempts"].as_i64().unwrap_or(0),
-            maxAttempts = job["max_attempts"].as_i64().unwrap_or(0),
-            wouldAction = job["would_action"].as_str().unwrap_or(""),
+            jobId = job.job_id.as_str(),
+            jobKind = job.job_kind.as_str(),
+            attempts = job.attempts,
+            maxAttempts = job.max_attempts,
+            wouldAction = job.would_action.as_str(),
             "demo_job_would"
         );
     }

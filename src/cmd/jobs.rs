@@ -4,8 +4,9 @@
 //!
 //! Owns connecting for one command, calling the SQL function, printing the
 //! result on stdout (an aligned table for people; with `--json` the
-//! function's JSON unchanged, indented on a terminal and one line otherwise,
-//! so scripts can pipe it to `jq`) and the exit status: 0 when the function did what was
+//! function's JSON unchanged, indented on a terminal and as the database
+//! wrote it (one line) otherwise, so scripts can pipe it to `jq`) and the
+//! exit status: 0 when the function did what was
 //! asked, 1 when it refused (apply with a gate closed, a limit out of range)
 //! or a setter rejected the change. It owns no reaping or lease rules and no
 //! SQL text (`pg::job_queue`); diagnostics go to stderr through `tracing`, and no
@@ -21,6 +22,7 @@ use tracing::{error, info};
 
 use crate::cli::{GatesArgs, GatesCommand, JobsArgs, JobsCommand, LeasesArgs, LeasesCommand};
 use crate::config::DbTarget;
+use crate::model::{ApplyReport, DryRunJob, DryRunReport, JobAction};
 use crate::output::table;
 use crate::pg::conn::in_tx;
 use crate::pg::job_queue as q;
@@ -34,7 +36,7 @@ const EXIT_REFUSED: u8 = 1;
 pub enum Format {
     /// An aligned table and a summary line, for people.
     Table,
-    /// The function's JSON on one line, for pipes.
+    /// The function's JSON as the database wrote it (one line), for pipes.
     Json,
     /// The function's JSON indented, for `--json` on a terminal.
     PrettyJson,
@@ -102,16 +104,6 @@ pub async fn run_gates(
     run_gates_as(target, args, out, Format::json(pretty)).await
 }
 
-/// `leases …` printing the JSON to `out`, indented when `pretty`.
-pub async fn run_leases(
-    target: &DbTarget,
-    args: LeasesArgs,
-    out: &mut dyn Write,
-    pretty: bool,
-) -> anyhow::Result<ExitCode> {
-    run_leases_as(target, args, out, Format::json(pretty)).await
-}
-
 /// `jobs …` against `target`, printing to `out` (the testable core).
 pub async fn run_jobs_as(
     target: &DbTarget,
@@ -132,14 +124,22 @@ pub async fn run_jobs_as(
         ),
     };
     let text = result.map_err(|e| db_error(target, what, &e))?;
-    let value = print(out, &text, format, |v| match &cmd {
-        JobsCommand::DryRun(_) => dry_run_table(v),
-        JobsCommand::Apply { .. } => apply_table(v),
-    })?;
+    // Decoded once, into the model: the table and the exit status read it.
+    let refusal = match &cmd {
+        JobsCommand::DryRun(_) => {
+            let report: DryRunReport = decode(&text)?;
+            print(out, &text, format, || Ok(dry_run_table(&report)))?;
+            report.refused.then_some(report.reason)
+        }
+        JobsCommand::Apply { .. } => {
+            let report: ApplyReport = decode(&text)?;
+            print(out, &text, format, || Ok(apply_table(&report)))?;
+            report.refused.then_some(report.reason)
+        }
+    };
     conn.close().await.ok();
-    if value.get("refused").and_then(serde_json::Value::as_bool) == Some(true) {
-        let reason = value.get("reason").and_then(|r| r.as_str()).unwrap_or("");
-        info!(function = what, reason = %reason, "refused");
+    if let Some(reason) = refusal {
+        info!(function = what, reason = %reason.unwrap_or_default(), "refused");
         return Ok(ExitCode::from(EXIT_REFUSED));
     }
     Ok(ExitCode::SUCCESS)
@@ -158,7 +158,7 @@ pub async fn run_gates_as(
             let text = in_tx(&mut conn, async |c| q::show_gates(c).await)
                 .await
                 .map_err(|e| db_error(target, "queue_setting", &e))?;
-            print(out, &text, format, gates_table)?;
+            print(out, &text, format, || Ok(gates_table(&decode(&text)?)))?;
             ExitCode::SUCCESS
         }
         Some(GatesCommand::Set { key, value, actor }) => {
@@ -199,7 +199,7 @@ pub async fn run_leases_as(
             let text = in_tx(&mut conn, async |c| q::show_leases(c).await)
                 .await
                 .map_err(|e| db_error_needing(target, "job_kind_lease", &e, LEASES_NEED))?;
-            print(out, &text, format, leases_table)?;
+            print(out, &text, format, || Ok(leases_table(&decode(&text)?)))?;
             conn.close().await.ok();
             return Ok(ExitCode::SUCCESS);
         }
@@ -257,7 +257,7 @@ async fn set_audited(
 ) -> anyhow::Result<Option<String>> {
     match in_tx(conn, call).await {
         Ok(text) => {
-            print(out, &text, format, set.table)?;
+            print(out, &text, format, || Ok((set.table)(&decode(&text)?)))?;
             Ok(None)
         }
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(q::REJECTED_SQLSTATE) => {
@@ -265,7 +265,9 @@ async fn set_audited(
             let mut refusal = set.refusal;
             refusal["reason"] = Value::String(message.clone());
             refusal["refused"] = Value::Bool(true);
-            print(out, &refusal.to_string(), format, refusal_table)?;
+            print(out, &refusal.to_string(), format, || {
+                Ok(refusal_table(Some(&message)))
+            })?;
             Ok(Some(message))
         }
         Err(e) => Err(db_error_needing(target, set.what, &e, set.need)),
@@ -309,25 +311,35 @@ fn db_error_needing(target: &DbTarget, what: &str, err: &sqlx::Error, need: &str
     }
 }
 
-/// Prints the function's JSON as `format` asks (`table` renders it for a
-/// person) and returns it parsed.
+/// Prints the function's JSON `text` as `format` asks: `table` renders it
+/// for a person; `Json` is the text itself (jsonb's text form is one line);
+/// `PrettyJson` parses it only to indent it.
 fn print(
     out: &mut dyn Write,
     text: &str,
     format: Format,
-    table: impl FnOnce(&Value) -> String,
-) -> anyhow::Result<Value> {
-    let value: Value = serde_json::from_str(text)
-        .with_context(|| format!("the database returned non-JSON: {text}"))?;
+    table: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<()> {
     let rendered = match format {
-        Format::Table => table(&value),
-        Format::Json => serde_json::to_string(&value)? + "\n",
-        Format::PrettyJson => serde_json::to_string_pretty(&value)? + "\n",
+        Format::Table => table()?,
+        Format::Json => format!("{}\n", text.trim_end()),
+        Format::PrettyJson => serde_json::to_string_pretty(&decode::<Value>(text)?)? + "\n",
     };
     out.write_all(rendered.as_bytes())
         .and_then(|()| out.flush())
-        .context("writing the result to stdout")?;
-    Ok(value)
+        .context("writing the result to stdout")
+}
+
+/// A function's JSON as `T`: the model's shape for the job reports, a
+/// `Value` for the settings (only this table reads them).
+fn decode<T: serde::de::DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    serde_json::from_str(text)
+        .with_context(|| format!("the database returned unexpected JSON: {text}"))
+}
+
+/// An optional text as a cell: `-` when absent.
+fn or_dash(text: Option<&str>) -> String {
+    text.unwrap_or("-").to_owned()
 }
 
 /// A JSON field as a cell: strings bare, null as `-`, the rest as JSON.
@@ -349,8 +361,8 @@ fn short_time(ts: &str) -> String {
 }
 
 /// A refusal (gates closed, limit out of range, setting rejected).
-fn refusal_table(v: &Value) -> String {
-    format!("refused: {}\n", table::printable(&cell(v, "reason")))
+fn refusal_table(reason: Option<&str>) -> String {
+    format!("refused: {}\n", table::printable(&or_dash(reason)))
 }
 
 fn gates_table(v: &Value) -> String {
@@ -438,41 +450,49 @@ fn setting_table(v: &Value) -> String {
 }
 
 /// The cells a dry-run row and an apply row share: JOB, KIND, OWNER, ATTEMPTS.
-fn job_cells(j: &Value) -> Vec<String> {
+fn job_cells(
+    job_id: &str,
+    job_kind: &str,
+    lease_owner: Option<&str>,
+    attempts: i64,
+    max_attempts: i64,
+) -> Vec<String> {
     vec![
-        cell(j, "job_id"),
-        cell(j, "job_kind"),
-        cell(j, "lease_owner"),
-        format!("{}/{}", cell(j, "attempts"), cell(j, "max_attempts")),
+        job_id.to_owned(),
+        job_kind.to_owned(),
+        or_dash(lease_owner),
+        format!("{attempts}/{max_attempts}"),
     ]
 }
 
 /// The lease a dry-run job was last given and where it came from
 /// (`30s kind`), or `-` when no claim or heartbeat recorded one.
-fn lease_cell(j: &Value) -> String {
-    match (
-        j.get("lease_duration_sec").and_then(Value::as_i64),
-        j.get("lease_duration_source").and_then(Value::as_str),
-    ) {
+fn lease_cell(j: &DryRunJob) -> String {
+    match (j.lease_duration_sec, &j.lease_duration_source) {
         (Some(sec), Some(source)) => format!("{sec}s {source}"),
         _ => "-".to_owned(),
     }
 }
 
-fn dry_run_table(v: &Value) -> String {
-    if v["refused"] == Value::Bool(true) {
-        return refusal_table(v);
+fn dry_run_table(report: &DryRunReport) -> String {
+    if report.refused {
+        return refusal_table(report.reason.as_deref());
     }
-    let empty = Vec::new();
-    let jobs = v["jobs"].as_array().unwrap_or(&empty);
-    let rows: Vec<Vec<String>> = jobs
+    let rows: Vec<Vec<String>> = report
+        .jobs
         .iter()
         .map(|j| {
-            let mut row = job_cells(j);
+            let mut row = job_cells(
+                &j.job_id,
+                &j.job_kind,
+                j.lease_owner.as_deref(),
+                j.attempts,
+                j.max_attempts,
+            );
             row.extend([
                 lease_cell(j),
-                cell(j, "overdue_seconds"),
-                cell(j, "would_action"),
+                j.overdue_seconds.to_string(),
+                j.would_action.clone(),
             ]);
             row
         })
@@ -491,32 +511,38 @@ fn dry_run_table(v: &Value) -> String {
     );
     out.push_str(&format!(
         "\n{} stale job lease(s); showing {} (--limit {}); dry run: nothing was changed\n",
-        cell(v, "stale_lease_count"),
-        jobs.len(),
-        cell(v, "limit"),
+        report.stale_lease_count,
+        report.jobs.len(),
+        report.limit.map_or("-".to_owned(), |l| l.to_string()),
     ));
     out
 }
 
-fn apply_table(v: &Value) -> String {
-    if v["refused"] == Value::Bool(true) {
-        return refusal_table(v);
+/// What became of an applied job: its backoff, or its dead-letter row.
+fn detail_cell(a: &JobAction) -> String {
+    match (a.backoff_sec, &a.dead_letter) {
+        (Some(backoff), _) => format!("retry in {backoff} s"),
+        (None, Some(dead)) => format!("dead letter {}", dead.dead_letter_id),
+        (None, None) => "-".to_owned(),
     }
-    let empty = Vec::new();
-    let actions = v["actions"].as_array().unwrap_or(&empty);
-    let rows: Vec<Vec<String>> = actions
+}
+
+fn apply_table(report: &ApplyReport) -> String {
+    if report.refused {
+        return refusal_table(report.reason.as_deref());
+    }
+    let rows: Vec<Vec<String>> = report
+        .actions
         .iter()
         .map(|a| {
-            let detail = match a.get("backoff_sec") {
-                Some(b) if !b.is_null() => format!("retry in {b} s"),
-                _ => a["dead_letter"]
-                    .get("dead_letter_id")
-                    .map_or("-".to_owned(), |d| {
-                        format!("dead letter {}", d.as_str().unwrap_or("?"))
-                    }),
-            };
-            let mut row = job_cells(a);
-            row.extend([cell(a, "action"), detail]);
+            let mut row = job_cells(
+                &a.job_id,
+                &a.job_kind,
+                a.lease_owner.as_deref(),
+                a.attempts,
+                a.max_attempts,
+            );
+            row.extend([a.action.clone(), detail_cell(a)]);
             row
         })
         .collect();
@@ -526,9 +552,114 @@ fn apply_table(v: &Value) -> String {
     );
     out.push_str(&format!(
         "\n{} reset to retry_waiting, {} moved to the dead-letter table, by {}\n",
-        cell(v, "reset_count"),
-        cell(v, "dead_letter_count"),
-        cell(v, "actor"),
+        report.reset_count,
+        report.dead_letter_count,
+        or_dash(report.actor.as_deref()),
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An apply report as the function writes it: one reset, one dead letter.
+    const APPLIED: &str = r#"{"actor": "ops@host", "actions": [{"action": "reset_to_retry_waiting", "job_id": "j-1", "attempts": 2, "job_kind": "email", "backoff_sec": 20, "lease_owner": "w-7", "max_attempts": 5, "overdue_millis": 1500}, {"action": "moved_to_dead_letter", "job_id": "j-2", "attempts": 1, "job_kind": "render", "dead_letter": {"dead_letter_id": "d-9", "job_id": "j-2"}, "lease_owner": null, "max_attempts": 1, "overdue_millis": 10}], "refused": false, "reset_count": 1, "dead_letter_count": 1}"#;
+
+    fn printed(text: &str, format: Format, table: impl FnOnce() -> String) -> String {
+        let mut out = Vec::new();
+        print(&mut out, text, format, || Ok(table())).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_apply_table_has_one_row_per_action_with_its_backoff_or_dead_letter() {
+        let report: ApplyReport = decode(APPLIED).unwrap();
+        let table = apply_table(&report);
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[..3],
+            [
+                vec!["JOB", "KIND", "OWNER", "ATTEMPTS", "ACTION", "DETAIL"],
+                vec![
+                    "j-1",
+                    "email",
+                    "w-7",
+                    "2/5",
+                    "reset_to_retry_waiting",
+                    "retry",
+                    "in",
+                    "20",
+                    "s"
+                ],
+                vec![
+                    "j-2",
+                    "render",
+                    "-",
+                    "1/1",
+                    "moved_to_dead_letter",
+                    "dead",
+                    "letter",
+                    "d-9"
+                ],
+            ],
+            "{table}"
+        );
+        assert_eq!(
+            table.lines().last().unwrap(),
+            "1 reset to retry_waiting, 1 moved to the dead-letter table, by ops@host"
+        );
+    }
+
+    #[test]
+    fn a_refused_report_prints_its_reason_alone() {
+        let refused = r#"{"reason": "queue.lease.reaper_enabled=false", "refused": true}"#;
+        let apply: ApplyReport = decode(refused).unwrap();
+        let dry: DryRunReport = decode(refused).unwrap();
+        let want = "refused: queue.lease.reaper_enabled=false\n";
+        assert_eq!(
+            (apply_table(&apply), dry_run_table(&dry)),
+            (want.into(), want.into())
+        );
+    }
+
+    #[test]
+    fn the_dry_run_table_says_each_jobs_lease_and_the_total() {
+        let text = r#"{"jobs": [{"job_id": "j-1", "job_kind": "k\nFORGED", "attempts": 0, "lease_owner": "w", "lease_until": "2026-01-01T00:00:00+00:00", "max_attempts": 5, "would_action": "reset_to_retry_waiting", "overdue_seconds": 61, "lease_duration_sec": 30, "lease_duration_source": "kind"}], "limit": 10, "mutation": false, "evaluated_at": "2026-01-01T00:01:01+00:00", "stale_lease_count": 4}"#;
+        let table = dry_run_table(&decode(text).unwrap());
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            [
+                "j-1",
+                "k\\nFORGED",
+                "w",
+                "0/5",
+                "30s",
+                "kind",
+                "61",
+                "reset_to_retry_waiting"
+            ],
+            "{table}"
+        );
+        assert_eq!(
+            lines[3],
+            "4 stale job lease(s); showing 1 (--limit 10); dry run: nothing was changed"
+        );
+    }
+
+    #[test]
+    fn json_on_a_pipe_is_the_functions_text_and_on_a_terminal_the_same_value_indented() {
+        let plain = printed(APPLIED, Format::Json, || unreachable!());
+        assert_eq!(plain, format!("{APPLIED}\n"));
+        let pretty = printed(APPLIED, Format::PrettyJson, || unreachable!());
+        assert!(pretty.lines().count() > 10, "{pretty}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&pretty).unwrap(),
+            serde_json::from_str::<Value>(APPLIED).unwrap()
+        );
+    }
 }

@@ -5,9 +5,9 @@
 //! `ConfigError` anywhere in the chain means exit 2.
 
 mod alive;
-pub mod check;
+pub(crate) mod check;
 mod demo;
-pub mod jobs;
+pub(crate) mod jobs;
 mod migrate;
 mod run;
 
@@ -58,15 +58,10 @@ pub fn log_output(command: &Command) -> crate::output::telemetry::Output {
 ///
 /// gethostname(2) rather than /proc: systemd's `ProcSubset=pid` hides
 /// /proc/sys, and a container may not mount it at all.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    (rc == 0)
-        .then(|| {
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            String::from_utf8_lossy(&buf[..end]).trim().to_owned()
-        })
+pub(crate) fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .map(|h| h.to_string_lossy().trim().to_owned())
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".to_owned())

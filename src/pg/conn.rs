@@ -27,25 +27,26 @@ use crate::store::{Report, StoreError, Work};
 // transaction (`BEGIN_GUARDED`), not as startup options or `SET`: behind
 // PgBouncer in transaction mode a session setting stays on whichever server
 // connection it was sent to, and PgBouncer 1.18 refuses the `options` startup
-// parameter outright.
+// parameter outright. They are macros so that the statement's text carries
+// them as literals.
+
+/// Server-side guard for any one statement, in ms: a wedged query is
+/// cancelled by PostgreSQL and reported as an error instead of stopping the
+/// sweep loop.
 macro_rules! statement_timeout_ms {
     () => {
         30000
     };
 }
+
+/// Server-side guard for a transaction left idle, in ms (say, stdout blocked
+/// while lines are written): the server ends it, releasing its row locks for
+/// other replicas.
 macro_rules! idle_in_transaction_timeout_ms {
     () => {
         60000
     };
 }
-
-/// Server-side guard for any one statement: a wedged query is cancelled by
-/// PostgreSQL and reported as an error instead of stopping the sweep loop.
-pub const STATEMENT_TIMEOUT_MS: &str = concat!(statement_timeout_ms!());
-
-/// A transaction left open (say, stdout blocked while lines are written) is
-/// ended by the server, releasing its row locks for other replicas.
-pub const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = concat!(idle_in_transaction_timeout_ms!());
 
 /// How every transaction of the daemon starts: one simple-protocol round
 /// trip that opens it and sets both guards for it alone.
@@ -57,7 +58,7 @@ pub const BEGIN_GUARDED: &str = concat!(
 );
 
 /// How long the daemon waits for an idle probe's answer (`probe_row`): the
-/// same bound as `STATEMENT_TIMEOUT_MS`, kept on the client side.
+/// same bound as `statement_timeout_ms!`, kept on the client side.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(statement_timeout_ms!());
 
 /// Runs one idle probe: a read-only statement sent ALONE with the simple
@@ -505,6 +506,9 @@ mod tests {
             "error communicating with database: Connection refused (os error 111)"
         );
     }
+
+    const STATEMENT_TIMEOUT_MS: &str = concat!(statement_timeout_ms!());
+    const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = concat!(idle_in_transaction_timeout_ms!());
 
     #[test]
     fn the_probes_wait_as_long_as_the_server_guard_would() {

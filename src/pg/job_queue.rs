@@ -11,7 +11,7 @@
 //! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
 //! ERROR line per job the database set aside (`job_set_aside`).
 
-use sqlx::{PgConnection, Row as _};
+use sqlx::{FromRow, PgConnection, Row as _};
 
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, JobAction, SetAsideJob};
@@ -155,7 +155,16 @@ pub const GATES_THEN_STALE: &str = "SELECT r::text AS refusal, \
 
 /// The stale-lease count behind the gauge after an apply pass, in one
 /// simple-protocol round trip (`conn::probe_row`).
-pub const STALE_COUNT: &str = "SELECT fn_job_stale_lease_count()";
+pub const STALE_COUNT: &str = "SELECT fn_job_stale_lease_count() AS stale";
+
+/// `GATES_THEN_STALE`'s row, its values decoded from text (simple protocol).
+#[derive(FromRow)]
+struct GatesRow {
+    /// `fn_job_reaper_gate_refusal`'s JSON; NULL when the gates allow.
+    refusal: Option<String>,
+    /// NULL when the gates allow (the count was skipped).
+    stale: Option<i64>,
+}
 
 /// What the gates say at the start of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,22 +203,17 @@ impl PgJobQueue {
         // The one statement calls both: a failure names both.
         const WHAT: &str = "fn_job_reaper_gate_refusal, fn_job_stale_lease_count";
         let conn = self.db.conn().await?;
-        let answer = conn::probe_row(conn, GATES_THEN_STALE)
+        let row = conn::probe_row(conn, GATES_THEN_STALE)
             .await
-            .and_then(|row| {
-                Ok((
-                    row.try_get::<Option<String>, _>(0)?,
-                    row.try_get::<Option<i64>, _>(1)?,
-                ))
-            });
-        let (refusal, stale) = answer.map_err(|e| self.db.query_failed(WHAT, e))?;
-        let Some(text) = refusal else {
+            .and_then(|row| GatesRow::from_row(&row))
+            .map_err(|e| self.db.query_failed(WHAT, e))?;
+        let Some(text) = row.refusal else {
             return Ok(Gates::Allow);
         };
         let reason = decode::<ApplyReport>("fn_job_reaper_gate_refusal", &text)
             .map(|r| r.reason.unwrap_or_else(|| text.clone()))
             .map_err(|f| self.db.batch_failed(f))?;
-        let stale = match stale {
+        let stale = match row.stale {
             Some(n) => count(n),
             // The gates refused but the count is missing: ask for it alone.
             None => self.stale_count().await?,
@@ -223,7 +227,7 @@ impl PgJobQueue {
         let conn = self.db.conn().await?;
         conn::probe_row(conn, STALE_COUNT)
             .await
-            .and_then(|row| row.try_get::<i64, _>(0))
+            .and_then(|row| row.try_get::<i64, _>("stale"))
             .map(count)
             .map_err(|e| self.db.query_failed(WHAT, e))
     }

@@ -2,14 +2,41 @@
 //! return.
 //!
 //! Owns the statement texts (literals calling the SECURITY DEFINER functions
-//! in `migrations/`) and decoding their rows into `ExpiredLease`. It owns no
+//! in `migrations/`), the held count's maximum age that the idle probe's text
+//! carries, and decoding their rows by column name. It owns no
 //! transactions, retries or logging: `lock_store` runs these inside the
 //! batch transaction.
 
+use std::time::Duration;
+
 use sqlx::postgres::types::PgInterval;
-use sqlx::{PgConnection, Row as _};
+use sqlx::{FromRow, PgConnection};
 
 use crate::model::{ExpiredLease, ReapedBy};
+
+/// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
+/// (`SWEEP_PROBE`) can carry it without building SQL at run time.
+macro_rules! held_count_max_age_ms {
+    () => {
+        3000
+    };
+}
+
+/// How old the shared held-lease count may be before a caller recounts it.
+///
+/// Sweeps need no recount: every batch records the leases it deleted
+/// (`lock_held_delta`) and every reading subtracts them, so a sweep is in
+/// the sweeping daemon's gauge in the same pass and in every other daemon's
+/// at its next pass. What only a recount sees is the lock server's work:
+/// acquisitions, releases, and sweeps of leases written after the count.
+/// Those reach every daemon's `lock.held.current` within this age plus two
+/// sweep periods (`SWEEP_DELAY` and a pass each; the second one when a daemon
+/// reads while another is recounting and gets the previous count rather than
+/// wait): 3 s + 2 x 1 s = 5 s on an idle fleet. The recount is a full scan,
+/// done once per interval by one daemon of the whole fleet
+/// (docs/performance.md). It lives here, beside `SWEEP_PROBE`, which carries
+/// it in its text.
+pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
 
 /// Deletes up to `$1` expired leases, oldest deadline first, and returns them.
 ///
@@ -60,7 +87,7 @@ SELECT lock_key, owner_id, token, late, now_micros, next_page
 /// compile-time literal.
 pub const SWEEP_PROBE: &str = concat!(
     "SELECT expired, takeovers, held FROM lock_sweep_probe(",
-    crate::pg::lock_store::held_count_max_age_ms!(),
+    held_count_max_age_ms!(),
     ")"
 );
 
@@ -72,14 +99,17 @@ pub const SWEEP_PROBE: &str = concat!(
 /// whether this call recounted.
 pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
 
-type LeaseRow = (
-    String,
-    String,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-);
+/// A row of `REAP_EXPIRED` or `DRAIN_TAKEOVERS`: a reaped lease (both
+/// millisecond fields set) or, with `set_aside_error`, one left in place.
+#[derive(FromRow)]
+struct LeaseRow {
+    lock_key: String,
+    owner_id: String,
+    token: i64,
+    expired_at_millis: Option<i64>,
+    overdue_millis: Option<i64>,
+    set_aside_error: Option<String>,
+}
 
 /// A lease the function could not reap: left in place (or in the outbox),
 /// reported so the daemon writes one ERROR line naming it and the cause.
@@ -102,22 +132,26 @@ pub struct LeaseBatch {
 
 fn split(rows: Vec<LeaseRow>, reaped_by: ReapedBy) -> LeaseBatch {
     let mut batch = LeaseBatch::default();
-    for (lock_key, owner_id, token, expired_at_millis, overdue_millis, error) in rows {
-        match (error, expired_at_millis, overdue_millis) {
+    for row in rows {
+        match (
+            row.set_aside_error,
+            row.expired_at_millis,
+            row.overdue_millis,
+        ) {
             (None, Some(expired_at_millis), Some(overdue_millis)) => {
                 batch.reaped.push(ExpiredLease {
-                    lock_key,
-                    owner_id,
-                    token,
+                    lock_key: row.lock_key,
+                    owner_id: row.owner_id,
+                    token: row.token,
                     expired_at_millis,
                     overdue_millis,
                     reaped_by,
                 })
             }
             (error, _, _) => batch.set_aside.push(SetAsideLease {
-                lock_key,
-                owner_id,
-                token,
+                lock_key: row.lock_key,
+                owner_id: row.owner_id,
+                token: row.token,
                 reaped_by,
                 cause: error.unwrap_or_else(|| "reaped without a deadline".to_owned()),
             }),
@@ -152,14 +186,19 @@ pub async fn drain_takeovers(
     Ok(split(rows, ReapedBy::Takeover))
 }
 
-type WalkRow = (
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    Option<PgInterval>,
-    i64,
-    i64,
-);
+/// A row of `REAP_EXPIRED_WALK`. The lease fields are NULL only on the one
+/// row of a batch that deleted nothing, which still carries `next_page`.
+#[derive(FromRow)]
+struct WalkRow {
+    lock_key: Option<String>,
+    owner_id: Option<String>,
+    token: Option<i64>,
+    /// `now() - expires_at`.
+    late: Option<PgInterval>,
+    /// The statement's clock, in microseconds since the Unix epoch.
+    now_micros: i64,
+    next_page: i64,
+}
 
 /// One walk batch: the reaped leases and the page the next batch starts at
 /// (-1 once the walk has reached the end of the table).
@@ -174,12 +213,14 @@ pub async fn reap_expired_walk(
         .bind(from_page)
         .fetch_all(conn)
         .await?;
-    let next_page = rows.first().map_or(-1, |r| r.5);
+    let next_page = rows.first().map_or(-1, |r| r.next_page);
     let leases = rows
         .into_iter()
-        .filter_map(|(lock_key, owner_id, token, late, now_micros, _)| {
+        .filter_map(|row| {
             // The one all-NULL row of a batch that deleted nothing.
-            let (lock_key, owner_id, token, late) = (lock_key?, owner_id?, token?, late?);
+            let (lock_key, owner_id, token, late) =
+                (row.lock_key?, row.owner_id?, row.token?, row.late?);
+            let now_micros = row.now_micros;
             // `now() - expires_at` of timestamps has no months; days are 24 h.
             let late_micros = i64::from(late.days) * 86_400_000_000 + late.microseconds;
             Some(ExpiredLease {
@@ -196,22 +237,40 @@ pub async fn reap_expired_walk(
     Ok((leases, next_page))
 }
 
-/// `SWEEP_PROBE`'s answer: (expired, takeovers, held). Its values come as
-/// text (simple protocol), which sqlx decodes for these types.
-pub async fn sweep_probe(
-    conn: &mut PgConnection,
-) -> Result<(bool, bool, Option<i64>), sqlx::Error> {
-    let row = crate::pg::conn::probe_row(conn, SWEEP_PROBE).await?;
-    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+/// `SWEEP_PROBE`'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct SweepProbe {
+    /// Some lease is past its deadline.
+    pub expired: bool,
+    /// Some takeover is recorded and not yet drained.
+    pub takeovers: bool,
+    /// The shared held count; `None` when `expired` (read after the sweep).
+    pub held: Option<i64>,
 }
 
-/// The shared held-lease count (counted at most `max_age_millis` ago, plus
-/// one count's duration, less what was swept since), and whether this call
-/// was the one that recounted.
+/// Asks `SWEEP_PROBE`. Its values come as text (simple protocol), which
+/// sqlx decodes for these types.
+pub async fn sweep_probe(conn: &mut PgConnection) -> Result<SweepProbe, sqlx::Error> {
+    let row = crate::pg::conn::probe_row(conn, SWEEP_PROBE).await?;
+    SweepProbe::from_row(&row)
+}
+
+/// `HELD_COUNT`'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct HeldCount {
+    /// Leases held (counted at most the max age ago, plus one count's
+    /// duration, less what was swept since).
+    pub held: i64,
+    /// This call was the one that recounted.
+    pub recounted: bool,
+}
+
+/// The shared held-lease count, recounted when the stored one is older than
+/// `max_age_millis`.
 pub async fn held_count(
     conn: &mut PgConnection,
     max_age_millis: i64,
-) -> Result<(i64, bool), sqlx::Error> {
+) -> Result<HeldCount, sqlx::Error> {
     sqlx::query_as(HELD_COUNT)
         .persistent(false)
         .bind(max_age_millis)
@@ -222,7 +281,6 @@ pub async fn held_count(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pg::lock_store::HELD_COUNT_MAX_AGE;
     use crate::sweep::SWEEP_DELAY;
 
     #[test]

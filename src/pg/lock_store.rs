@@ -13,39 +13,13 @@
 //! aside (`lease_set_aside`), which only this layer sees: it never reaches
 //! the sweeper as a reaped lease.
 
-use std::time::Duration;
-
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
-use crate::pg::lock_entry as locks;
+use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
 use crate::store::{LockStore, StoreError, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
-
-/// How old the shared held-lease count may be before a caller recounts it.
-///
-/// Sweeps need no recount: every batch records the leases it deleted
-/// (`lock_held_delta`) and every reading subtracts them, so a sweep is in
-/// the sweeping daemon's gauge in the same pass and in every other daemon's
-/// at its next pass. What only a recount sees is the lock server's work:
-/// acquisitions, releases, and sweeps of leases written after the count.
-/// Those reach every daemon's `lock.held.current` within this age plus two
-/// sweep periods (`SWEEP_DELAY` and a pass each; the second one when a daemon
-/// reads while another is recounting and gets the previous count rather than
-/// wait): 3 s + 2 x 1 s = 5 s on an idle fleet. The recount is a full scan,
-/// done once per interval by one daemon of the whole fleet
-/// (docs/performance.md).
-pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
-
-/// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
-/// (`lock_entry::SWEEP_PROBE`) can carry it without building SQL at run time.
-macro_rules! held_count_max_age_ms {
-    () => {
-        3000
-    };
-}
-pub(crate) use held_count_max_age_ms;
 
 pub struct PgLockStore {
     db: Db,
@@ -198,10 +172,10 @@ impl PgLockStore {
     async fn probe(&mut self) -> Result<Probe, StoreError> {
         let conn = self.db.conn().await?;
         match locks::sweep_probe(conn).await {
-            Ok((expired, takeovers, held)) => Ok(Probe {
-                takeovers,
-                held,
-                unchanged: !expired,
+            Ok(found) => Ok(Probe {
+                takeovers: found.takeovers,
+                held: found.held,
+                unchanged: !found.expired,
             }),
             Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
         }
@@ -323,7 +297,7 @@ impl LockStore for PgLockStore {
         let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
         let conn = self.db.conn().await?;
         match conn::in_tx(conn, async |c| locks::held_count(c, max_age).await).await {
-            Ok((n, _recounted)) => Ok(n),
+            Ok(count) => Ok(count.held),
             Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
         }
     }

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use lease_sweeper::cmd::check::{self, EXPECTED, GRANTS, Report, Status};
-use lease_sweeper::config::{DbTarget, StatsdTarget};
+use lease_sweeper::testing::check::{self, EXPECTED, GRANTS, Report, Status};
+use lease_sweeper::testing::config::{DbTarget, StatsdTarget};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
@@ -330,7 +330,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
     );
     insert_expired(&mut admin, "denied-", 1, 10).await;
     let mut as_role = PgConnection::connect(&url).await.unwrap();
-    let err = lease_sweeper::pg::lock_entry::reap_expired(&mut as_role, 10, None)
+    let err = lease_sweeper::testing::lock_entry::reap_expired(&mut as_role, 10, None)
         .await
         .expect_err("the sweep needs what check asks for");
     assert_eq!(

@@ -2,7 +2,7 @@
 //! the SQL functions' JSON unchanged for scripts.
 
 use lease_sweeper::cli::{GatesArgs, JobsCommand, LimitArg, OutputArgs};
-use lease_sweeper::cmd::jobs::{Format, run_gates_as, run_jobs_as};
+use lease_sweeper::testing::jobs::{Format, run_gates_as, run_jobs_as};
 
 use crate::jobs_support::dry_run;
 use crate::support::{SUBSTRATE, TestDb, insert_stale_jobs, set_setting};
@@ -202,7 +202,10 @@ async fn a_failed_migration_is_named_with_what_to_do() {
     let lines: Vec<String> = out.lines().map(str::to_owned).collect();
     let failed = &crate::support::events(&lines, "failed")[0];
     assert_eq!(failed["command"], "migrate");
-    let first = lease_sweeper::pg::migrate::MIGRATOR.iter().next().unwrap();
+    let first = lease_sweeper::testing::migrate::MIGRATOR
+        .iter()
+        .next()
+        .unwrap();
     for part in [
         format!(
             "migration {} ({}) failed and was rolled back",

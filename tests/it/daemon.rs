@@ -105,7 +105,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
     notify.wait_watchdogs(3).await;
 
     let mut conn = db.connect().await;
-    lease_sweeper::pg::migrate::migrate(&mut conn)
+    lease_sweeper::testing::migrate::migrate(&mut conn)
         .await
         .unwrap();
     insert_expired(&mut conn, "after-", 4, 10).await;

@@ -12,9 +12,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use lease_sweeper::sweep::SWEEP_DELAY;
-use lease_sweeper::sweep::lock_sweeper::BATCH_SIZE;
-use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
+use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
+use lease_sweeper::testing::sweep::SWEEP_DELAY;
+use lease_sweeper::testing::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
@@ -30,7 +30,7 @@ use crate::support::{
 fn reported(lines: &[String], allow_torn_tail: bool) -> Vec<(String, i64)> {
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
-        let Some(pairs) = lease_sweeper::output::logfmt::decode_line(line) else {
+        let Some(pairs) = lease_sweeper::testing::logfmt::decode_line(line) else {
             assert!(
                 allow_torn_tail && i + 1 == lines.len(),
                 "line {i} of {} does not decode: {line:?}",
@@ -339,7 +339,7 @@ async fn own_cluster() -> (ThrowawayPg, String) {
         .expect("starting a throwaway PostgreSQL");
     let url = pg.url("postgres");
     let mut conn = PgConnection::connect(&url).await.unwrap();
-    lease_sweeper::pg::migrate::migrate(&mut conn)
+    lease_sweeper::testing::migrate::migrate(&mut conn)
         .await
         .unwrap();
     conn.close().await.unwrap();

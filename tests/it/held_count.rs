@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use lease_sweeper::output::events::EventLog;
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::lock_entry as locks;
-use lease_sweeper::pg::lock_store::{HELD_COUNT_MAX_AGE, PgLockStore};
-use lease_sweeper::store::StoreError;
-use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::events::EventLog;
+use lease_sweeper::testing::lock_entry::{self as locks, HELD_COUNT_MAX_AGE, HeldCount};
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::store::StoreError;
 use sqlx::{Connection as _, PgConnection};
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +63,22 @@ async fn deltas(conn: &mut PgConnection) -> (i64, i64) {
 
 async fn held_now(conn: &mut PgConnection) -> i64 {
     count(conn, "SELECT count(*) FROM lock_entry").await
+}
+
+/// `held_count`'s answer when that call recounted.
+fn recounted(held: i64) -> HeldCount {
+    HeldCount {
+        held,
+        recounted: true,
+    }
+}
+
+/// `held_count`'s answer when that call read the stored count.
+fn stored(held: i64) -> HeldCount {
+    HeldCount {
+        held,
+        recounted: false,
+    }
 }
 
 /// One daemon's lock sweep with its own StatsD listener, so each daemon's
@@ -187,8 +203,8 @@ async fn a_daemon_never_waits_for_the_one_that_is_recounting() {
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 3).await;
     insert_expired(&mut conn, "gone-", 1, 1_000).await;
-    let (held, recounted) = locks::held_count(&mut conn, 60_000).await.unwrap();
-    assert_eq!((held, recounted), (4, true));
+    let count = locks::held_count(&mut conn, 60_000).await.unwrap();
+    assert_eq!(count, recounted(4));
     // A sweep commits, and the lock server acquires two more.
     let swept = locks::reap_expired(&mut conn, 10, None).await.unwrap();
     assert_eq!(swept.reaped.len(), 1);
@@ -210,13 +226,16 @@ async fn a_daemon_never_waits_for_the_one_that_is_recounting() {
         .await
         .expect("the reader waited for the recounting daemon")
         .unwrap();
-    assert_eq!(read, (3, false));
+    assert_eq!(read, stored(3));
 
     sqlx::query("ROLLBACK")
         .execute(&mut recounter)
         .await
         .unwrap();
-    assert_eq!(locks::held_count(&mut reader, 0).await.unwrap(), (5, true));
+    assert_eq!(
+        locks::held_count(&mut reader, 0).await.unwrap(),
+        recounted(5)
+    );
 }
 
 #[tokio::test]
@@ -228,7 +247,7 @@ async fn the_sweeper_role_reads_the_count_only_through_the_function() {
         .execute(&mut conn)
         .await
         .unwrap();
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (2, true));
+    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), recounted(2));
     assert_fails_with(&mut conn, "UPDATE lock_held_count SET held = 0", "42501").await;
     assert_fails_with(&mut conn, "SELECT * FROM lock_held_delta", "42501").await;
     assert_fails_with(
@@ -253,7 +272,10 @@ async fn a_sweep_lowers_the_gauge_of_the_sweeping_daemon_in_its_pass_and_of_ever
     insert_expired(&mut conn, "gone-", 8, 1_000).await;
     let mut a = Replica::new(&db).await;
     let mut b = Replica::new(&db).await;
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (12, true));
+    assert_eq!(
+        locks::held_count(&mut conn, 0).await.unwrap(),
+        recounted(12)
+    );
 
     assert_eq!(a.pass().await, (8, 4, 4), "swept, held, gauge: the sweeper");
     assert_eq!(b.pass().await, (0, 4, 4), "swept, held, gauge: the other");
@@ -283,7 +305,10 @@ async fn a_batch_that_rolled_back_subtracts_nothing() {
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
     insert_expired(&mut conn, "kept-", 8, 1_000).await;
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (12, true));
+    assert_eq!(
+        locks::held_count(&mut conn, 0).await.unwrap(),
+        recounted(12)
+    );
     let mut broken = LockSweeper::new(
         PgLockStore::new(db.target()),
         EventLog::to_writer(Box::new(BrokenPipe)),
@@ -301,7 +326,7 @@ async fn a_batch_that_rolled_back_subtracts_nothing() {
     let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
     assert_eq!(
         locks::held_count(&mut conn, max_age).await.unwrap(),
-        (12, false)
+        stored(12)
     );
     // The next sweep that commits is subtracted, once.
     let mut healthy = Replica::new(&db).await;
@@ -316,7 +341,10 @@ async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_sna
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
     insert_expired(&mut conn, "gone-", 8, 1_000).await;
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (12, true));
+    assert_eq!(
+        locks::held_count(&mut conn, 0).await.unwrap(),
+        recounted(12)
+    );
     let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
 
     // A daemon's batch has deleted the eight but not committed (its stdout
@@ -333,7 +361,7 @@ async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_sna
         .await
         .expect("a recount waited for another daemon's open batch")
         .unwrap();
-    assert_eq!(recount, (12, true));
+    assert_eq!(recount, recounted(12));
     let mut daemon = Replica::new(&db).await;
     let pass = tokio::time::timeout(Duration::from_secs(5), daemon.pass())
         .await
@@ -346,18 +374,21 @@ async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_sna
     assert_eq!(deltas(&mut conn).await, (1, 8));
     assert_eq!(
         locks::held_count(&mut other, max_age).await.unwrap(),
-        (4, false)
+        stored(4)
     );
     assert_eq!(daemon.pass().await, (0, 4, 4));
 
     // The next recount sees the deletions and folds the batch: exact, and
     // nothing left to subtract twice.
     age_the_count(&mut conn).await;
-    assert_eq!(locks::held_count(&mut other, 0).await.unwrap(), (4, true));
+    assert_eq!(
+        locks::held_count(&mut other, 0).await.unwrap(),
+        recounted(4)
+    );
     assert_eq!(deltas(&mut conn).await, (0, 0));
     assert_eq!(
         locks::held_count(&mut other, max_age).await.unwrap(),
-        (4, false)
+        stored(4)
     );
     assert_eq!(held_now(&mut conn).await, 4);
 }
@@ -461,7 +492,7 @@ async fn every_reaping_path_lowers_the_count_by_what_it_deleted() {
     insert_expired(&mut conn, "bulk-", backlog, 1_000).await;
     assert_eq!(
         locks::held_count(&mut conn, 0).await.unwrap(),
-        (backlog + 5, true)
+        recounted(backlog + 5)
     );
     assert_eq!(a.pass().await, (backlog as u64, 5, 5));
     let (batches, subtracted) = deltas(&mut conn).await;
@@ -482,7 +513,10 @@ async fn every_reaping_path_lowers_the_count_by_what_it_deleted() {
     .await;
     insert_expired(&mut conn, "ordinary-", 6, 1_000).await;
     insert_expired(&mut conn, "cursed-", 1, 2_000).await;
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (12, true));
+    assert_eq!(
+        locks::held_count(&mut conn, 0).await.unwrap(),
+        recounted(12)
+    );
     assert_eq!(a.pass().await, (6, 6, 6), "five live and the one set aside");
     assert_eq!(deltas(&mut conn).await, (1, 6));
     assert_eq!(held_now(&mut conn).await, 6);
@@ -519,7 +553,10 @@ async fn an_idle_pass_is_one_probe_whose_count_has_the_other_daemons_sweep_subtr
     .await;
     live(&mut conn, "live-", 4).await;
     insert_expired(&mut conn, "gone-", 8, 1_000).await;
-    assert_eq!(locks::held_count(&mut conn, 0).await.unwrap(), (12, true));
+    assert_eq!(
+        locks::held_count(&mut conn, 0).await.unwrap(),
+        recounted(12)
+    );
     let mut a = Replica::new(&db).await;
     assert_eq!(a.pass().await, (8, 4, 4));
     // A backend hands in its statistics when it exits (idle, only every

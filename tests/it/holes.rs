@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lease_sweeper::cmd::check::Status;
+use lease_sweeper::testing::check::Status;
 use sqlx::{Connection as _, PgConnection};
 
 use crate::support::{
@@ -268,7 +268,7 @@ async fn definer_functions_installed_in_another_schema_act_on_that_schema_never_
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     exec(&mut conn, "CREATE SCHEMA locks; SET search_path = locks").await;
-    lease_sweeper::pg::migrate::migrate(&mut conn)
+    lease_sweeper::testing::migrate::migrate(&mut conn)
         .await
         .expect("migrates into schema locks");
     // Same-named tables in public with the gates open and an expired lease.
@@ -406,7 +406,7 @@ async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_whe
  {
     let statsd = StatsdCapture::start().await;
     let su = TestDb::new().await;
-    let report = lease_sweeper::cmd::check::preflight(&su.target(), &statsd.target()).await;
+    let report = lease_sweeper::testing::check::preflight(&su.target(), &statsd.target()).await;
     let line = report
         .lines
         .iter()
@@ -441,8 +441,9 @@ async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_whe
     .await;
     let (code, out) = run_binary(&["migrate"], &owner_url).await;
     assert_eq!(code, Some(0), "{out}");
-    let target = lease_sweeper::config::DbTarget::from_url("LOCKDB_URL", &owner_url).unwrap();
-    let report = lease_sweeper::cmd::check::preflight(&target, &statsd.target()).await;
+    let target =
+        lease_sweeper::testing::config::DbTarget::from_url("LOCKDB_URL", &owner_url).unwrap();
+    let report = lease_sweeper::testing::check::preflight(&target, &statsd.target()).await;
     let line = report
         .lines
         .iter()

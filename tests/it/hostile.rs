@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use lease_sweeper::throwaway::ThrowawayPg;
+use lease_sweeper::testing::throwaway::ThrowawayPg;
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -251,7 +251,7 @@ fn assert_no_secret(what: &str, output: &str) {
 #[tokio::test]
 async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_login() {
     let (pg, mut admin, _hba_dir) = cluster_requiring_passwords().await;
-    lease_sweeper::pg::migrate::migrate(&mut admin)
+    lease_sweeper::testing::migrate::migrate(&mut admin)
         .await
         .unwrap();
     sqlx::raw_sql(

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lease_sweeper::cli::{LeasesArgs, LeasesCommand, OutputArgs};
-use lease_sweeper::cmd::jobs::{Format, run_leases_as};
+use lease_sweeper::testing::jobs::{Format, run_leases_as};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
@@ -566,7 +566,7 @@ async fn enqueue_takes_metadata_and_keeps_every_call_and_every_grant_it_had_and_
     )
     .await;
 
-    lease_sweeper::pg::migrate::migrate(&mut admin)
+    lease_sweeper::testing::migrate::migrate(&mut admin)
         .await
         .expect("the rest migrates");
 
@@ -840,7 +840,7 @@ async fn the_dry_run_reports_what_each_stale_job_was_given_and_where_it_came_fro
     // The table's LEASE column says the same.
     let mut text = Vec::new();
     let cmd = lease_sweeper::cli::JobsCommand::DryRun(lease_sweeper::cli::LimitArg { limit: 10 });
-    lease_sweeper::cmd::jobs::run_jobs_as(&db.target(), cmd, &mut text, Format::Table)
+    lease_sweeper::testing::jobs::run_jobs_as(&db.target(), cmd, &mut text, Format::Table)
         .await
         .unwrap();
     let table = String::from_utf8(text).unwrap();

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg};
-use lease_sweeper::cmd::jobs::{run_gates, run_jobs};
+use lease_sweeper::testing::jobs::{run_gates, run_jobs};
 use serde_json::{Value, json};
 
 use crate::jobs_support::refusal;
@@ -169,7 +169,7 @@ async fn cli_gates_set_with_an_unknown_key_or_bad_value_exits_1_with_a_clear_mes
 async fn cli_database_errors_never_carry_the_password() {
     let dir = std::env::temp_dir().join(format!("ls-jobs-nodb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let target = lease_sweeper::config::DbTarget::from_url(
+    let target = lease_sweeper::testing::config::DbTarget::from_url(
         "LOCKDB_URL",
         &format!(
             "postgres://reaper:Hunter2-S3cret@localhost/locks?host={}",

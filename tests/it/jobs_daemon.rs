@@ -5,10 +5,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lease_sweeper::output::events::{EventLog, MemoryLog};
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::job_queue::PgJobQueue;
-use lease_sweeper::sweep::job_reaper::{JOB_BATCH_SIZE, JobReaper};
+use lease_sweeper::testing::events::{EventLog, MemoryLog};
+use lease_sweeper::testing::job_queue::PgJobQueue;
+use lease_sweeper::testing::job_reaper::{JOB_BATCH_SIZE, JobReaper};
+use lease_sweeper::testing::metrics::Metrics;
 
 use crate::jobs_support::job_snapshot;
 use crate::support::{

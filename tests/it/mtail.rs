@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -217,10 +219,8 @@ async fn the_shipped_mtail_program_counts_each_signal_line_of_the_real_daemon_on
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", leases as u64)
         .await;
-    // SAFETY: kill(2) on our own child, which has not been waited for.
-    unsafe {
-        libc::kill(daemon.id().expect("daemon running") as i32, libc::SIGTERM);
-    }
+    let pid = Pid::from_raw(daemon.id().expect("daemon running") as i32);
+    kill(pid, Signal::SIGTERM).expect("signalling the daemon");
     let status = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
         .await
         .expect("the daemon stops within 10 s of SIGTERM")

@@ -122,9 +122,10 @@ async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "preflight", GRANTED).await;
     let statsd = StatsdCapture::start().await;
-    let target = lease_sweeper::config::DbTarget::from_url("LOCKDB_URL", &login.url).unwrap();
+    let target =
+        lease_sweeper::testing::config::DbTarget::from_url("LOCKDB_URL", &login.url).unwrap();
 
-    let report = lease_sweeper::cmd::check::preflight(&target, &statsd.target()).await;
+    let report = lease_sweeper::testing::check::preflight(&target, &statsd.target()).await;
 
     let failed: Vec<String> = report
         .lines
@@ -586,7 +587,7 @@ async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_
 
 /// Migrates `database` of `pg` as `user` with the real binary.
 async fn migrate_as(
-    pg: &lease_sweeper::throwaway::ThrowawayPg,
+    pg: &lease_sweeper::testing::throwaway::ThrowawayPg,
     user: &str,
     database: &str,
 ) -> (Option<i32>, String) {

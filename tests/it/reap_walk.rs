@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use lease_sweeper::output::events::EventLog;
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::lock_store::PgLockStore;
-use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::events::EventLog;
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::metrics::Metrics;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{StatsdCapture, TestDb, assert_fails_with, count, events};

@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use lease_sweeper::pg::conn::{self, PROBE_TIMEOUT};
-use lease_sweeper::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
-use lease_sweeper::pg::lock_entry::{self as locks, SWEEP_PROBE};
+use lease_sweeper::testing::conn::{self, PROBE_TIMEOUT};
+use lease_sweeper::testing::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
 
 use crate::jobs_support::dry_run;
 use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};
@@ -19,13 +19,21 @@ async fn the_sweep_probe_answers_in_text_what_the_daemon_decodes() {
     let mut conn = db.connect().await;
     assert_eq!(
         locks::sweep_probe(&mut conn).await.unwrap(),
-        (false, false, Some(0))
+        SweepProbe {
+            expired: false,
+            takeovers: false,
+            held: Some(0)
+        }
     );
     insert_expired(&mut conn, "probe-", 3, 1_000).await;
     // Something expired: no count (the sweep reads it after deleting).
     assert_eq!(
         locks::sweep_probe(&mut conn).await.unwrap(),
-        (true, false, None)
+        SweepProbe {
+            expired: true,
+            takeovers: false,
+            held: None
+        }
     );
 }
 

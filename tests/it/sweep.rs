@@ -2,12 +2,12 @@
 
 use std::collections::HashSet;
 
-use lease_sweeper::output::events::EventLog;
-use lease_sweeper::output::metrics::Metrics;
-use lease_sweeper::pg::lock_store::PgLockStore;
-use lease_sweeper::progress::Progress;
-use lease_sweeper::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
-use lease_sweeper::sweep::run;
+use lease_sweeper::testing::events::EventLog;
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::progress::Progress;
+use lease_sweeper::testing::sweep::run;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{StatsdCapture, TestDb, count, events, fields, insert_expired};
@@ -17,7 +17,7 @@ async fn sweeper(
     statsd: &StatsdCapture,
 ) -> (
     LockSweeper<PgLockStore>,
-    lease_sweeper::output::events::MemoryLog,
+    lease_sweeper::testing::events::MemoryLog,
     Metrics,
 ) {
     let (log, lines) = EventLog::in_memory();

@@ -90,7 +90,7 @@ fn the_unit_verifies_and_its_exposure_is_at_most_1_5() {
 
 #[test]
 fn the_units_timeouts_match_the_daemons_bounds() {
-    use lease_sweeper::sweep::{DRAIN_GRACE, SWEEP_DELAY};
+    use lease_sweeper::testing::sweep::{DRAIN_GRACE, SWEEP_DELAY};
 
     assert_eq!(directive("Type"), "notify");
     assert_eq!(directive("Restart"), "on-failure");

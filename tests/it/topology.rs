@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease_sweeper::throwaway::{StopMode, ThrowawayPg};
+use lease_sweeper::testing::throwaway::{StopMode, ThrowawayPg};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection};
 
@@ -434,7 +434,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
     let mut conn = PgConnection::connect(&primary.url("postgres"))
         .await
         .unwrap();
-    lease_sweeper::pg::migrate::migrate(&mut conn)
+    lease_sweeper::testing::migrate::migrate(&mut conn)
         .await
         .unwrap();
     let (mut primary, standby) = blocking(move || {
@@ -490,7 +490,7 @@ async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_sta
         let failed = events(&lines, "sweep_failed");
         assert_eq!(failed.len(), 1, "once: {failed:#?}");
         assert!(
-            failed[0]["error"].contains(lease_sweeper::pg::conn::HOT_STANDBY)
+            failed[0]["error"].contains(lease_sweeper::testing::conn::HOT_STANDBY)
                 && failed[0]["error"].contains(extra),
             "{:?}",
             failed[0]["error"]
@@ -620,7 +620,7 @@ async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is
     .await
     .expect("a TLS-enabled PostgreSQL");
     let mut conn = PgConnection::connect(&pg.url("postgres")).await.unwrap();
-    lease_sweeper::pg::migrate::migrate(&mut conn)
+    lease_sweeper::testing::migrate::migrate(&mut conn)
         .await
         .unwrap();
     insert_expired(&mut conn, "tls-", 5, 10).await;
@@ -841,8 +841,8 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
 /// password file is matched with, as in libpq.
 #[tokio::test]
 async fn hostaddr_is_connected_to_and_the_password_file_is_matched_by_the_host_name() {
-    use lease_sweeper::config::DbTarget;
-    use lease_sweeper::pg::conn::connect;
+    use lease_sweeper::testing::config::DbTarget;
+    use lease_sweeper::testing::conn::connect;
     const PASSWORD: &str = "Hostaddr-S3cret-pw";
     const NAME: &str = "lockdb.invalid";
     let port = free_port();

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::unistd::{User, geteuid};
+
 use crate::support::TempDir;
 
 /// A loopback TCP port nobody listens on right now.
@@ -38,16 +40,13 @@ pub async fn wait_listening(port: u16, what: &str) {
 /// uid/gid of the `postgres` user when we are root (PgBouncer and
 /// PostgreSQL refuse to run as root), else `None` (run as ourselves).
 pub fn unprivileged() -> Option<(u32, u32)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !geteuid().is_root() {
         return None;
     }
-    let name = std::ffi::CString::new("postgres").unwrap();
-    // SAFETY: getpwnam returns NULL or static storage, read at once.
-    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    assert!(!pw.is_null(), "running as root needs a `postgres` user");
-    // SAFETY: non-null pointer from getpwnam.
-    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+    let user = User::from_name("postgres")
+        .expect("looking up the `postgres` user")
+        .expect("running as root needs a `postgres` user");
+    Some((user.uid.as_raw(), user.gid.as_raw()))
 }
 
 /// `/usr/sbin/<name>` when it exists (not on every user's PATH), else `name`.

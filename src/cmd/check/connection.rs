@@ -2,15 +2,18 @@
 //! walk does it (each host within the target's `connect_timeout`), saying
 //! where the target came from; and the StatsD host, resolved once.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pgconn::{Addr, Origin};
 use sqlx::PgConnection;
 
-use super::{Line, RESOLVE_TIMEOUT, Status};
+use super::report::{Line, Status};
 use crate::config::{DbTarget, StatsdTarget};
 use crate::pg::catalog;
 use crate::pg::conn::ConnectError;
+
+/// How long resolving the StatsD host may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a note on the connection settings is reported as.
 pub(super) const SETTINGS: &str = "connection settings";

@@ -31,19 +31,6 @@ use sqlx::PgConnection;
 
 use crate::config::{DbTarget, Redactor, StatsdTarget};
 
-/// How long resolving the StatsD host may take.
-pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Said whenever part of the schema is missing.
-const MIGRATE_HINT: &str = "run `lease-sweeper migrate` with a role that may create objects";
-
-/// How a FAIL line about a missing privilege starts.
-const LACKS: &str = "this role lacks ";
-
-/// Added to the verdict when privileges are missing: the migrations ship a
-/// role holding exactly what `run` and `check` need.
-const ROLE_HINT: &str = "; the migrated role lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>";
-
 mod connection;
 mod inventory;
 mod report;
@@ -53,6 +40,7 @@ pub use inventory::{EXPECTED, GRANTS, Grant, Object};
 pub use report::{Line, Report, Status};
 
 use connection::{SETTINGS, connect, resolve_statsd};
+use report::query_failed;
 use schema::{
     DEFINER_OWNERS, PLANTED, definer_owners, exists, granted, migrations, planted_overloads,
 };
@@ -135,8 +123,4 @@ async fn checked(
     crate::pg::conn::in_tx(conn, check)
         .await
         .unwrap_or_else(|e| query_failed(what, redactor, &e))
-}
-
-fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
-    Line::fail(what, redactor.redact(&crate::pg::conn::describe(err)))
 }

@@ -1,10 +1,28 @@
 //! `check`'s output: one line per check with its status (`ok`, `warn`,
-//! `FAIL`), aligned, and the verdict that counts them. It decides nothing
-//! about what is checked.
+//! `FAIL`), aligned, the verdict that counts them, and the wording the
+//! checks share. It decides nothing about what is checked, and imports no
+//! other part of `check`.
 
 use std::fmt;
 
-use super::{LACKS, ROLE_HINT};
+use crate::config::Redactor;
+
+/// Said whenever part of the schema is missing.
+pub(super) const MIGRATE_HINT: &str =
+    "run `lease-sweeper migrate` with a role that may create objects";
+
+/// How a FAIL line about a missing privilege starts.
+pub(super) const LACKS: &str = "this role lacks ";
+
+/// Added to the verdict when privileges are missing: the migrations ship a
+/// role holding exactly what `run` and `check` need.
+const ROLE_HINT: &str = "; the migrated role lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>";
+
+/// The FAIL line of a catalog question that itself failed, in the
+/// server's words (scrubbed of secrets).
+pub(super) fn query_failed(what: String, redactor: &Redactor, err: &sqlx::Error) -> Line {
+    Line::fail(what, redactor.redact(&crate::pg::conn::describe(err)))
+}
 
 /// What a check found: the first word of its line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

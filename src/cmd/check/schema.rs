@@ -5,7 +5,8 @@
 
 use sqlx::PgConnection;
 
-use super::{Grant, LACKS, Line, MIGRATE_HINT, Object, query_failed};
+use super::inventory::{Grant, Object};
+use super::report::{LACKS, Line, MIGRATE_HINT, query_failed};
 use crate::config::Redactor;
 use crate::pg::catalog;
 

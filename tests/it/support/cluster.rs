@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use lease_sweeper::config::DbTarget;
-use lease_sweeper::throwaway::ThrowawayPg;
+use lease_sweeper::testing::config::DbTarget;
+use lease_sweeper::testing::throwaway::ThrowawayPg;
 use sqlx::{Connection as _, PgConnection};
 
 static CLUSTER: OnceLock<Mutex<ThrowawayPg>> = OnceLock::new();
@@ -31,6 +31,8 @@ fn admin_url() -> &'static str {
         let pg = ThrowawayPg::start().expect("starting a throwaway PostgreSQL for the tests");
         let url = pg.url("postgres");
         CLUSTER.set(Mutex::new(pg)).ok().expect("cluster set once");
+        // A static is never dropped, and neither std nor any crate offers a
+        // safe way to run code at exit.
         // SAFETY: registering a plain extern "C" fn with no captured state.
         unsafe {
             libc::atexit(destroy_cluster);
@@ -50,7 +52,7 @@ impl TestDb {
     pub async fn new() -> Self {
         let db = Self::empty().await;
         let mut conn = db.connect().await;
-        lease_sweeper::pg::migrate::migrate(&mut conn)
+        lease_sweeper::testing::migrate::migrate(&mut conn)
             .await
             .expect("migrations apply");
         db
@@ -273,7 +275,7 @@ impl JobQueueBlock {
 /// Applies the bundled migrations up to and including `version` only, so a
 /// test can plant rows an older schema admitted before migrating the rest.
 pub async fn migrate_to(conn: &mut PgConnection, version: i64) {
-    lease_sweeper::pg::migrate::MIGRATOR
+    lease_sweeper::testing::migrate::MIGRATOR
         .run_to(version, conn)
         .await
         .expect("migrations up to the given version apply");

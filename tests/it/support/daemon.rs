@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::statsd::wait_more;
@@ -17,7 +19,7 @@ use super::{TempDir, wait_until};
 
 /// Decodes a logfmt line into a map (asserting it decodes at all).
 pub fn fields(line: &str) -> HashMap<String, String> {
-    lease_sweeper::output::logfmt::decode_line(line)
+    lease_sweeper::testing::logfmt::decode_line(line)
         .unwrap_or_else(|| panic!("not a logfmt line: {line:?}"))
         .into_iter()
         .collect()
@@ -114,10 +116,8 @@ impl Daemon {
     }
 
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(self.pid(), signal);
-        }
+        let signal = Signal::try_from(signal).expect("a signal number");
+        let _ = kill(Pid::from_raw(self.pid()), signal);
     }
 
     pub async fn wait_for_event(&self, name: &str, timeout: Duration) {

@@ -31,8 +31,8 @@ impl StatsdCapture {
         Self { port, lines }
     }
 
-    pub fn target(&self) -> lease_sweeper::config::StatsdTarget {
-        lease_sweeper::config::StatsdTarget {
+    pub fn target(&self) -> lease_sweeper::testing::config::StatsdTarget {
+        lease_sweeper::testing::config::StatsdTarget {
             host: "127.0.0.1".into(),
             port: self.port,
         }
