@@ -8,7 +8,7 @@
 # (scripts/lib/check_prose.py says exactly what is checked).
 #
 # Two tests finish the job where a database or the binary is needed:
-# `check::the_check_help_sample_counts_what_check_runs` (the help's number
+# `check_command::the_check_help_sample_counts_what_check_runs` (the help's number
 # of checks against a real run) and
 # `man::the_committed_man_pages_match_the_command_line` (man/ against the CLI).
 #

@@ -26,7 +26,7 @@ Owns the checks that need no database and no build, each finding printed as
              whose migration count or latest migration differs from
              migrations/, or whose number of checks differs from the one in
              `check --help` (itself compared with a real run of `check` by
-             the test `check::the_check_help_sample_counts_what_check_runs`);
+             the test `check_command::the_check_help_sample_counts_what_check_runs`);
   package    debian/changelog's latest version, or a `.deb` file name in the
              prose, that is not the version Cargo.toml builds;
   outside    a reference to something outside the repository (a design
@@ -81,7 +81,7 @@ OUTSIDE = re.compile(
 OUTSIDE_FIX = "say the thing itself (what was measured, decided or asked), not where it was written"
 
 # The test that compares `check --help` with a real run of `check`.
-CHECK_COUNT_TEST = "cargo test --test it check::the_check_help_sample_counts_what_check_runs"
+CHECK_COUNT_TEST = "cargo test --test it check_command::the_check_help_sample_counts_what_check_runs"
 
 findings = []
 

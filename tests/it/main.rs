@@ -1,8 +1,13 @@
 //! Integration tests against a real PostgreSQL, real UDP and the real binary.
 //! One test binary, so the suite starts one throwaway cluster (see `support`).
 
-mod bad_rows;
-mod check;
+mod bad_rows_jobs;
+mod bad_rows_locks;
+mod bad_rows_support;
+mod check_command;
+mod check_connection;
+mod check_schema;
+mod check_support;
 mod cli_output;
 mod daemon;
 mod dashboard;
@@ -18,7 +23,9 @@ mod jobs_support;
 mod liveness;
 mod man;
 mod mtail;
-mod privilege;
+mod privilege_definer_hijack;
+mod privilege_role;
+mod privilege_support;
 mod prometheus_support;
 mod reap_walk;
 mod scrape;
