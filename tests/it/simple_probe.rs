@@ -2,7 +2,7 @@
 //! explicit transaction (`conn::probe_row`): their answers decode from text,
 //! a gated job pass reads its refusal and its gauge in one statement, and the
 //! client-side bound ends a probe stuck behind a table lock. Through
-//! PgBouncer: `topology`.
+//! PgBouncer: `topology_pgbouncer`.
 
 use std::time::{Duration, Instant};
 

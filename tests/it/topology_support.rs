@@ -1,9 +1,11 @@
 //! Plumbing for the topology tests: free loopback ports, a real PgBouncer
-//! started as an unprivileged user, certificates made with openssl, and
-//! running the real binary as another OS user.
+//! started as an unprivileged user, certificates made with openssl, running
+//! the real binary as another OS user, and reading the reported keys back.
 //!
-//! It owns no assertions; `topology` does.
+//! It owns no tests; the `topology_*` modules do. Its one assertion,
+//! `assert_each_once`, is the exactly-once check they share.
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use nix::unistd::{User, geteuid};
 
-use crate::support::TempDir;
+use crate::support::{TempDir, events};
 
 /// A loopback TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -236,4 +238,35 @@ impl Certs {
             _dir: dir,
         }
     }
+}
+
+/// `lockKey` of every `lease_expired` line.
+pub fn lease_keys(lines: &[String]) -> Vec<String> {
+    events(lines, "lease_expired")
+        .into_iter()
+        .map(|f| f["lockKey"].clone())
+        .collect()
+}
+
+/// Asserts each key appears exactly once over all daemons' lines.
+pub fn assert_each_once(all: &[String], expected: usize, prefix: &str) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for k in all.iter().filter(|k| k.starts_with(prefix)) {
+        *seen.entry(k.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "reported more than once: {twice:?}");
+    assert_eq!(seen.len(), expected, "distinct {prefix}* reported");
+}
+
+/// The socket directory (or host), port and user of a test database URL.
+pub fn server_of(url: &str) -> (String, u16, String) {
+    let u = url::Url::parse(url).unwrap();
+    let host = u
+        .query_pairs()
+        .find(|(k, _)| k == "host")
+        .map(|(_, v)| v.into_owned())
+        .or_else(|| u.host_str().map(str::to_owned))
+        .unwrap();
+    (host, u.port().unwrap_or(5432), u.username().to_owned())
 }
