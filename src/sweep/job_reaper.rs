@@ -87,6 +87,10 @@ impl JobReaper {
     /// `actor` is recorded on every dead letter and in apply's report; the
     /// daemon uses `lease-sweeper@<hostname>`.
     pub fn new(queue: PgJobQueue, events: EventLog, metrics: Metrics, actor: String) -> Self {
+        // Both actions' counters exist from the first scrape, at zero.
+        for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
+            metrics.job_lease_reaped(BACKEND, action, 0);
+        }
         Self {
             queue,
             events,
@@ -193,10 +197,6 @@ impl Service for JobReaper {
             batchSize = JOB_BATCH_SIZE,
             "job_reaper_started"
         );
-        // Both actions' counters exist from the first scrape, at zero.
-        for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
-            self.metrics.job_lease_reaped(BACKEND, action, 0);
-        }
     }
 
     async fn pass(&mut self, cancel: &CancellationToken) -> Result<JobOutcome, StoreError> {

@@ -61,6 +61,9 @@ pub struct LockSweeper<S: LockStore> {
 
 impl<S: LockStore> LockSweeper<S> {
     pub fn new(store: S, events: EventLog, metrics: Metrics) -> Self {
+        // The counter exists from the first scrape, at zero: `rate` and
+        // `increase` need a sample before the first expiry.
+        metrics.lease_expired(store.backend_id(), 0);
         Self {
             store,
             events,
@@ -129,8 +132,6 @@ impl<S: LockStore> Service for LockSweeper<S> {
             batchSize = BATCH_SIZE,
             "sweeper_started"
         );
-        // The counter exists from the first scrape, at zero.
-        self.metrics.lease_expired(self.store.backend_id(), 0);
     }
 
     async fn pass(&mut self, cancel: &CancellationToken) -> Result<SweepOutcome, StoreError> {

@@ -4,9 +4,10 @@
 //! to do one pass and returns what it did; `run` owns everything about time
 //! for all of them: the fixed delay, shutdown, the drain grace, logging a
 //! failed pass once (then every `ERROR_REPEAT`) and its recovery, recording
-//! each pass's health metrics, flushing StatsD and beating `progress`. Each service runs in its own loop on its
-//! own connection, as River's maintenance services do, so a slow or failing
-//! job reaper never delays a lock sweep, nor the reverse. `Drain` is the
+//! each pass's health metrics, flushing StatsD and beating `progress`. Each
+//! service runs in its own loop on its own connection, as River's
+//! maintenance services do, so a slow or failing job reaper never delays a
+//! lock sweep, nor the reverse. `Drain` is the
 //! shared rule for a pass that works batch by batch.
 //!
 //! This layer knows no SQL: the lock sweeper talks to a `LockStore`, the job
