@@ -8,15 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::scrape_support::request;
-use crate::support::{TempDir, tool, wait_until};
-
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
+use crate::support::{TempDir, free_port, tool, wait_listening, wait_until};
 
 /// The repository's root (rules, dashboard, mtail programs).
 pub fn repo() -> PathBuf {
@@ -55,12 +47,7 @@ impl Mtail {
             .spawn()
             .expect("starting mtail");
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        wait_until(
-            Duration::from_secs(20),
-            "mtail serving /metrics",
-            || async { tokio::net::TcpStream::connect(addr).await.is_ok() },
-        )
-        .await;
+        wait_listening(port, "mtail").await;
         Self {
             addr,
             _process: Killed(process),

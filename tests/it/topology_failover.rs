@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use lease_sweeper::testing::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
+use crate::support::free_port;
 use crate::support::{
     Daemon, StatsdCapture, acquire, blocking, count, daemon_env, events, insert_expired, wait_until,
 };
-use crate::topology_support::{assert_each_once, free_port, lease_keys};
+use crate::topology_support::{assert_each_once, lease_keys};
 
 /// How many `lease_expired` lines `daemon` wrote so far for keys `{prefix}…`.
 fn reported_with_prefix(daemon: &Daemon, prefix: &str) -> usize {

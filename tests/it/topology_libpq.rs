@@ -11,10 +11,11 @@ use std::time::Duration;
 use lease_sweeper::testing::throwaway::ThrowawayPg;
 use sqlx::{Connection as _, PgConnection};
 
+use crate::support::free_port;
 use crate::support::{
     Daemon, StatsdCapture, TempDir, TestDb, blocking, events, fields, insert_expired, wait_until,
 };
-use crate::topology_support::{free_port, lease_keys, sbin, server_of, unprivileged};
+use crate::topology_support::{lease_keys, sbin, server_of, unprivileged};
 
 #[tokio::test]
 async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {

@@ -1,4 +1,4 @@
-//! Plumbing for the topology tests: free loopback ports, a real PgBouncer
+//! Plumbing for the topology tests: a real PgBouncer
 //! started as an unprivileged user, certificates made with openssl, running
 //! the real binary as another OS user, and reading the reported keys back.
 //!
@@ -10,34 +10,10 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use nix::unistd::{User, geteuid};
 
-use crate::support::{TempDir, events};
-
-/// A loopback TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("binding an ephemeral port")
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits until something accepts TCP connections on loopback `port`.
-pub async fn wait_listening(port: u16, what: &str) {
-    crate::support::wait_until(
-        Duration::from_secs(20),
-        &format!("{what} listening on {port}"),
-        || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-        },
-    )
-    .await
-}
+use crate::support::{TempDir, events, free_port, wait_listening};
 
 /// uid/gid of the `postgres` user when we are root (PgBouncer and
 /// PostgreSQL refuse to run as root), else `None` (run as ourselves).

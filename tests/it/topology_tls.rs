@@ -12,10 +12,11 @@ use std::time::Duration;
 use lease_sweeper::testing::throwaway::ThrowawayPg;
 use sqlx::{Connection as _, PgConnection};
 
+use crate::support::free_port;
 use crate::support::{
     Daemon, StatsdCapture, blocking, daemon_env, events, insert_expired, wait_until,
 };
-use crate::topology_support::{Certs, assert_each_once, free_port, lease_keys, unprivileged};
+use crate::topology_support::{Certs, assert_each_once, lease_keys, unprivileged};
 
 #[tokio::test]
 async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is_refused_without_the_password()

@@ -75,6 +75,29 @@ where
     .await
 }
 
+/// A loopback TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("binding an ephemeral port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts TCP connections on loopback `port`.
+pub async fn wait_listening(port: u16, what: &str) {
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{what} listening on {port}"),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        },
+    )
+    .await
+}
+
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh directory under the system temp dir, removed on drop (even when
