@@ -146,12 +146,12 @@ DESCRIPTION:
   says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 11 applied (latest 20261201000400)
+  ok    migrations: all 12 applied (latest 20261202000100)
   FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
-  check FAILED: 1 of 44 checks failed (see the FAIL lines above); the migrated role
+  check FAILED: 1 of 60 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
-  A database that passes ends with: check passed: all 44 checks ok
+  A database that passes ends with: check passed: all 60 checks ok
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal

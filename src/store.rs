@@ -18,10 +18,16 @@ pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send)
 
 /// What a sweep needs from a lock backend.
 ///
-/// Each reaping method handles at most `limit` leases in one transaction and
-/// calls `report` with them *before* committing; if `report` fails the batch
-/// is rolled back and nothing is lost. Several replicas may call these at the
-/// same time: a lease goes to exactly one of them.
+/// Each reaping method takes at most `limit` leases off the table and calls
+/// `report` with them before their last durable record is gone, so a crash
+/// can repeat a line but never lose one; if `report` fails, that record
+/// stays and a later call reports the leases. The leases themselves are
+/// released first: nothing the lock server does waits while their lines
+/// are written (`PgLockStore` commits the deletion together with a
+/// hand-off row and deletes that row once the lines are out). Several
+/// replicas may call these at the same time: a lease goes to exactly one of
+/// them. Each returns how many leases it took, for the drain rule; what it
+/// reported went through `report`.
 pub trait LockStore: Send {
     /// The `backend` tag on every line and metric (`pg`, later `etcd`).
     fn backend_id(&self) -> &'static str;
@@ -33,7 +39,9 @@ pub trait LockStore: Send {
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Drains up to `limit` recorded takeovers of expired leases.
+    /// Drains up to `limit` recorded takeovers of expired leases, and any
+    /// batch a sweeper took off the table but did not get to report (it
+    /// died, or its output failed): its leases come as `reapedBy=sweep`.
     fn drain_takeovers(
         &mut self,
         limit: usize,
@@ -101,7 +109,7 @@ pub enum StoreError {
         cause: String,
     },
     #[error(
-        "{work}: writing the signal lines to stdout failed, batch rolled back (nothing lost): {source}"
+        "{work}: writing the signal lines to stdout failed, nothing lost: the batch stays recorded and is reported again by a later pass: {source}"
     )]
     Report {
         work: Work,

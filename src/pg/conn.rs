@@ -374,6 +374,38 @@ pub async fn report_then_commit<T>(
         .map_err(|e| BatchFailure::Query("COMMIT", e))
 }
 
+/// Commits a batch that was handed off (its rows recorded in a hand-off row
+/// by the caller's last statement), so the reaped rows' locks end now, not
+/// after their lines are written.
+pub async fn commit_hand_off(tx: Transaction<'_, Postgres>) -> Result<(), BatchFailure> {
+    tx.commit()
+        .await
+        .map_err(|e| BatchFailure::Query("COMMIT", e))
+}
+
+/// The second transaction of a handed-off batch: `claim` deletes the
+/// hand-off row (`what` names the statement), then the rows are reported and
+/// the deletion committed, so the hand-off is gone only once its lines are
+/// written. Returns false, writing nothing, when the hand-off was gone:
+/// another sweeper recovered it and wrote its lines.
+pub async fn claim_then_report<T>(
+    conn: &mut PgConnection,
+    what: &'static str,
+    claim: impl AsyncFnOnce(&mut PgConnection) -> Result<bool, sqlx::Error>,
+    rows: &[T],
+    report: Report<'_, T>,
+) -> Result<bool, BatchFailure> {
+    let mut tx = begin(conn).await?;
+    if !claim(&mut tx)
+        .await
+        .map_err(|e| BatchFailure::Query(what, e))?
+    {
+        return Ok(false);
+    }
+    report_then_commit(tx, rows, report).await?;
+    Ok(true)
+}
+
 /// Runs `body` in one transaction opened with `BEGIN_GUARDED` and commits.
 /// The daemon sends no extended-protocol statement outside a transaction:
 /// behind PgBouncer in transaction mode, a statement's Parse and its Bind

@@ -149,9 +149,26 @@ pub async fn set_kind_lease(
 /// JSON were two thirds of an idle daemon's database CPU). The `CASE` skips
 /// the count when the pass is about to reap (it reads the gauge after
 /// applying).
+///
+/// It also asks whether a batch some reaper handed off but did not report
+/// waits for recovery (`fn_job_reap_handoff_abandoned`), so recovery adds
+/// no statement to a pass.
 pub const GATES_THEN_STALE: &str = "SELECT r::text AS refusal, \
-     CASE WHEN r IS NOT NULL THEN fn_job_stale_lease_count() END AS stale \
+     CASE WHEN r IS NOT NULL THEN fn_job_stale_lease_count() END AS stale, \
+     fn_job_reap_handoff_abandoned() AS abandoned \
      FROM fn_job_reaper_gate_refusal() AS r";
+
+/// Records an apply report in `job_reap_handoff`, in the transaction that
+/// applied it; returns its id (`fn_job_reap_handoff_put` in `migrations/`).
+pub const HANDOFF_PUT: &str = "SELECT fn_job_reap_handoff_put($1)";
+
+/// Claims job hand-off `$1` for writing its lines; false when another
+/// reaper recovered it first.
+pub const HANDOFF_CLAIM: &str = "SELECT fn_job_reap_handoff_claim($1)";
+
+/// Deletes the oldest abandoned job hand-off and returns its report (no row
+/// when none waits).
+pub const HANDOFF_RECOVER: &str = "SELECT report FROM fn_job_reap_handoff_recover()";
 
 /// The stale-lease count behind the gauge after an apply pass, in one
 /// simple-protocol round trip (`conn::probe_row`).
@@ -164,6 +181,15 @@ struct GatesRow {
     refusal: Option<String>,
     /// NULL when the gates allow (the count was skipped).
     stale: Option<i64>,
+    abandoned: bool,
+}
+
+/// The first answer of a pass: the gates, and whether an abandoned
+/// hand-off waits (`PgJobQueue::recover`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassStart {
+    pub gates: Gates,
+    pub abandoned: bool,
 }
 
 /// What the gates say at the start of a pass.
@@ -199,16 +225,21 @@ impl PgJobQueue {
     /// The gates' refusal reason, or `None` when they allow reaping; with a
     /// refusal, also the stale-lease count (nothing will be reaped, so it
     /// stands for the pass). One statement: `GATES_THEN_STALE`.
-    pub async fn gates(&mut self) -> Result<Gates, StoreError> {
-        // The one statement calls both: a failure names both.
-        const WHAT: &str = "fn_job_reaper_gate_refusal, fn_job_stale_lease_count";
+    pub async fn gates(&mut self) -> Result<PassStart, StoreError> {
+        // The one statement calls all three: a failure names them.
+        const WHAT: &str =
+            "fn_job_reaper_gate_refusal, fn_job_stale_lease_count, fn_job_reap_handoff_abandoned";
         let conn = self.db.conn().await?;
         let row = conn::probe_row(conn, GATES_THEN_STALE)
             .await
             .and_then(|row| GatesRow::from_row(&row))
             .map_err(|e| self.db.query_failed(WHAT, e))?;
+        let abandoned = row.abandoned;
         let Some(text) = row.refusal else {
-            return Ok(Gates::Allow);
+            return Ok(PassStart {
+                gates: Gates::Allow,
+                abandoned,
+            });
         };
         let reason = decode::<ApplyReport>("fn_job_reaper_gate_refusal", &text)
             .map(|r| r.reason.unwrap_or_else(|| text.clone()))
@@ -218,7 +249,19 @@ impl PgJobQueue {
             // The gates refused but the count is missing: ask for it alone.
             None => self.stale_count().await?,
         };
-        Ok(Gates::Refuse { reason, stale })
+        Ok(PassStart {
+            gates: Gates::Refuse { reason, stale },
+            abandoned,
+        })
+    }
+
+    /// Writes the lines of one abandoned hand-off and deletes it; the number
+    /// of actions, 0 when none waits.
+    pub async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
+        let conn = self.db.conn().await?;
+        recover_in_tx(conn, report)
+            .await
+            .map_err(|f| self.db.batch_failed(f))
     }
 
     /// Stale job leases right now (`STALE_COUNT`).
@@ -267,8 +310,72 @@ async fn apply_in_tx(
     // Not reaped, so nothing to write before the commit; a set-aside job
     // keeps the batch short, so the pass moves on and the next retries it.
     log_set_aside(&report_json.set_aside);
-    conn::report_then_commit(tx, &report_json.actions, report).await?;
+    if report_json.actions.is_empty() {
+        conn::commit_hand_off(tx).await?;
+        return Ok(ApplyBatch::Applied(report_json));
+    }
+    // The reaped jobs' row locks would hold up a worker's heartbeat or
+    // completion of them: hand the report off and commit first, then write
+    // the lines.
+    let id = handoff_put(&mut tx, &text)
+        .await
+        .map_err(|e| BatchFailure::Query("fn_job_reap_handoff_put", e))?;
+    conn::commit_hand_off(tx).await?;
+    let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
+    let reported = conn::claim_then_report(
+        conn,
+        "fn_job_reap_handoff_claim",
+        claim,
+        &report_json.actions,
+        report,
+    )
+    .await?;
+    if !reported {
+        // Another reaper recovered the hand-off and wrote (and counted) it.
+        return Ok(ApplyBatch::Applied(ApplyReport {
+            reset_count: 0,
+            dead_letter_count: 0,
+            ..report_json
+        }));
+    }
     Ok(ApplyBatch::Applied(report_json))
+}
+
+/// One abandoned hand-off: its report's lines written, then its deletion
+/// committed.
+async fn recover_in_tx(
+    conn: &mut PgConnection,
+    report: Report<'_, JobAction>,
+) -> Result<usize, BatchFailure> {
+    const WHAT: &str = "fn_job_reap_handoff_recover";
+    let mut tx = conn::begin(conn).await?;
+    let text: Option<String> = sqlx::query_scalar(HANDOFF_RECOVER)
+        .persistent(false)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| BatchFailure::Query(WHAT, e))?;
+    let Some(text) = text else {
+        return Ok(0);
+    };
+    let recovered: ApplyReport = decode(WHAT, &text)?;
+    conn::report_then_commit(tx, &recovered.actions, report).await?;
+    Ok(recovered.actions.len())
+}
+
+async fn handoff_put(conn: &mut PgConnection, report: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(HANDOFF_PUT)
+        .persistent(false)
+        .bind(report)
+        .fetch_one(conn)
+        .await
+}
+
+async fn handoff_claim(conn: &mut PgConnection, id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(HANDOFF_CLAIM)
+        .persistent(false)
+        .bind(id)
+        .fetch_one(conn)
+        .await
 }
 
 /// One ERROR line per job the database set aside (only this layer sees

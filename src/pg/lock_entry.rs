@@ -99,6 +99,23 @@ pub const SWEEP_PROBE: &str = concat!(
 /// whether this call recounted.
 pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
 
+/// Records a reaped batch in `lock_reap_handoff`, in the transaction that
+/// deleted it, and returns its id: `$1`..`$5` are the batch's keys, owners,
+/// tokens, deadlines and lateness (epoch ms, ms), element i one lease
+/// (`lock_handoff_put` in `migrations/`). The transaction then commits, so
+/// the leases' row locks end before a line is written.
+pub const HANDOFF_PUT: &str = "SELECT lock_handoff_put($1, $2, $3, $4, $5)";
+
+/// Claims hand-off `$1` for writing its lines (deletes it; the row lock lasts
+/// until COMMIT); false when another sweeper recovered it first.
+pub const HANDOFF_CLAIM: &str = "SELECT lock_handoff_claim($1)";
+
+/// Deletes the oldest hand-off its writer abandoned (older than the grace in
+/// `signal_handoff_grace()`, held by no one) and returns its leases.
+pub const HANDOFF_RECOVER: &str = "
+SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
+  FROM lock_handoff_recover()";
+
 /// A row of `REAP_EXPIRED` or `DRAIN_TAKEOVERS`: a reaped lease (both
 /// millisecond fields set) or, with `set_aside_error`, one left in place.
 #[derive(FromRow)]
@@ -184,6 +201,67 @@ pub async fn drain_takeovers(
         .fetch_all(conn)
         .await?;
     Ok(split(rows, ReapedBy::Takeover))
+}
+
+/// Hands `leases` off (`HANDOFF_PUT`); returns the hand-off's id.
+pub async fn handoff_put(
+    conn: &mut PgConnection,
+    leases: &[ExpiredLease],
+) -> Result<i64, sqlx::Error> {
+    let keys: Vec<&str> = leases.iter().map(|l| l.lock_key.as_str()).collect();
+    let owners: Vec<&str> = leases.iter().map(|l| l.owner_id.as_str()).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let expired: Vec<i64> = leases.iter().map(|l| l.expired_at_millis).collect();
+    let overdue: Vec<i64> = leases.iter().map(|l| l.overdue_millis).collect();
+    sqlx::query_scalar(HANDOFF_PUT)
+        .persistent(false)
+        .bind(keys)
+        .bind(owners)
+        .bind(tokens)
+        .bind(expired)
+        .bind(overdue)
+        .fetch_one(conn)
+        .await
+}
+
+/// Claims hand-off `id` (`HANDOFF_CLAIM`): true when this transaction now
+/// holds it and must write its lines before committing.
+pub async fn handoff_claim(conn: &mut PgConnection, id: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(HANDOFF_CLAIM)
+        .persistent(false)
+        .bind(id)
+        .fetch_one(conn)
+        .await
+}
+
+/// A row of `HANDOFF_RECOVER`.
+#[derive(FromRow)]
+struct HandoffRow {
+    lock_key: String,
+    owner_id: String,
+    token: i64,
+    expired_at_millis: i64,
+    overdue_millis: i64,
+}
+
+/// Recovers one abandoned hand-off (`HANDOFF_RECOVER`): its leases, swept by
+/// a sweeper that did not get to write their lines; empty when none waits.
+pub async fn handoff_recover(conn: &mut PgConnection) -> Result<Vec<ExpiredLease>, sqlx::Error> {
+    let rows: Vec<HandoffRow> = sqlx::query_as(HANDOFF_RECOVER)
+        .persistent(false)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| ExpiredLease {
+            lock_key: r.lock_key,
+            owner_id: r.owner_id,
+            token: r.token,
+            expired_at_millis: r.expired_at_millis,
+            overdue_millis: r.overdue_millis,
+            reaped_by: ReapedBy::Sweep,
+        })
+        .collect())
 }
 
 /// A row of `REAP_EXPIRED_WALK`. The lease fields are NULL only on the one

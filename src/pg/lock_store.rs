@@ -214,12 +214,43 @@ async fn batch_in_tx(
             batch.reaped
         }
     };
-    conn::report_then_commit(tx, &leases, report).await?;
-    Ok(Done {
+    let done = Done {
         n: leases.len(),
         newest_millis: leases.iter().map(|l| l.expired_at_millis).max(),
         next_page,
-    })
+    };
+    match kind {
+        // A takeover's record is the outbox row this transaction deletes,
+        // which no lock-server call waits on: report, then commit.
+        Reap::Takeovers => conn::report_then_commit(tx, &leases, report).await?,
+        // Deleted leases hold row locks an acquire of their key waits on:
+        // hand them off and commit first, then write their lines.
+        Reap::Index { .. } | Reap::Walk { .. } if !leases.is_empty() => {
+            let id = locks::handoff_put(&mut tx, &leases)
+                .await
+                .map_err(|e| BatchFailure::Query("lock_handoff_put", e))?;
+            conn::commit_hand_off(tx).await?;
+            let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
+            conn::claim_then_report(conn, "lock_handoff_claim", claim, &leases, report).await?;
+        }
+        Reap::Index { .. } | Reap::Walk { .. } => conn::commit_hand_off(tx).await?,
+    }
+    Ok(done)
+}
+
+/// Reports and deletes one hand-off another sweeper (or this one, before a
+/// crash or a failed write) left behind; the number of leases, 0 when none
+/// waits.
+async fn recover_in_tx(
+    conn: &mut sqlx::PgConnection,
+    report: Report<'_>,
+) -> Result<usize, BatchFailure> {
+    let mut tx = conn::begin(conn).await?;
+    let leases = locks::handoff_recover(&mut tx)
+        .await
+        .map_err(|e| BatchFailure::Query("lock_handoff_recover", e))?;
+    conn::report_then_commit(tx, &leases, report).await?;
+    Ok(leases.len())
 }
 
 /// One ERROR line per lease the database set aside (a row whose delete failed
@@ -281,7 +312,20 @@ impl LockStore for PgLockStore {
             }
             p.unchanged = false;
         }
-        Ok(self.batch(Reap::Takeovers, limit, report).await?.n)
+        // Abandoned hand-offs first (the probe's `takeovers` covers both):
+        // their leases expired before any takeover still recorded.
+        let mut n = 0;
+        loop {
+            let conn = self.db.conn().await?;
+            let recovered = recover_in_tx(conn, report)
+                .await
+                .map_err(|failure| self.db.batch_failed(failure))?;
+            if recovered == 0 {
+                break;
+            }
+            n += recovered;
+        }
+        Ok(n + self.batch(Reap::Takeovers, limit, report).await?.n)
     }
 
     async fn held_count(&mut self) -> Result<i64, StoreError> {

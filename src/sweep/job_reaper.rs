@@ -102,15 +102,22 @@ impl JobReaper {
 
     /// One pass: if the gates allow, reap batch by batch until a short batch
     /// (or until `cancel` fires, checked between batches); then report the
-    /// stale-lease gauge. An error leaves the batch in flight rolled back
-    /// (its jobs are reaped, and their lines written, by a later pass).
+    /// stale-lease gauge. An error leaves the batch in flight recorded (its
+    /// jobs are reaped, and their lines written, by a later pass). A batch a
+    /// reaper handed off but did not report (it died, or its output failed)
+    /// is reported first, whatever the gates say now: its jobs were reaped
+    /// while they allowed it.
     pub async fn reap_once(
         &mut self,
         cancel: &CancellationToken,
     ) -> Result<JobOutcome, StoreError> {
         let mut outcome = JobOutcome::default();
         // One statement when the gates refuse: their reason and the gauge.
-        let (mut refusal, stale) = match self.queue.gates().await? {
+        let start = self.queue.gates().await?;
+        if start.abandoned {
+            self.recover(&mut outcome).await?;
+        }
+        let (mut refusal, stale) = match start.gates {
             Gates::Allow => (None, None),
             Gates::Refuse { reason, stale } => (Some(reason), Some(stale)),
         };
@@ -160,6 +167,35 @@ impl JobReaper {
         };
         self.metrics.stale_jobs_current(BACKEND, outcome.stale);
         Ok(outcome)
+    }
+
+    /// Reports every abandoned hand-off, one transaction each, counting its
+    /// actions as they are written.
+    async fn recover(&mut self, outcome: &mut JobOutcome) -> Result<(), StoreError> {
+        loop {
+            let (mut reset, mut dead) = (0, 0);
+            let events = &mut self.events;
+            let mut report = |actions: &[JobAction]| {
+                events.warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))?;
+                for a in actions {
+                    if a.action == ACTION_DEAD_LETTER {
+                        dead += 1;
+                    } else {
+                        reset += 1;
+                    }
+                }
+                Ok(())
+            };
+            if self.queue.recover(&mut report).await? == 0 {
+                return Ok(());
+            }
+            self.metrics.job_lease_reaped(BACKEND, ACTION_RESET, reset);
+            self.metrics
+                .job_lease_reaped(BACKEND, ACTION_DEAD_LETTER, dead);
+            self.metrics.flush().await;
+            outcome.reset += reset;
+            outcome.dead_lettered += dead;
+        }
     }
 
     /// Logs the gates' answer when it differs from the last one logged.

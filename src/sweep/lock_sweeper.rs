@@ -11,7 +11,7 @@
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::model::ExpiredLease;
+use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::store::{LockStore, StoreError};
@@ -71,8 +71,9 @@ impl<S: LockStore> LockSweeper<S> {
         }
     }
 
-    /// One pass: drain expired leases, then takeovers, batch by batch, then
-    /// report the gauge. Stops between batches once `cancel` fires.
+    /// One pass: drain expired leases, then takeovers (and batches another
+    /// sweep handed off but did not report), batch by batch, then report the
+    /// gauge. Stops between batches once `cancel` fires.
     pub async fn sweep_once(
         &mut self,
         cancel: &CancellationToken,
@@ -82,21 +83,30 @@ impl<S: LockStore> LockSweeper<S> {
         for takeovers in [false, true] {
             let mut drain = Drain::new(BATCH_SIZE);
             while drain.go_on(cancel) {
+                let before = outcome.swept + outcome.taken_over;
                 let events = &mut self.events;
-                let mut report = |leases: &[ExpiredLease]| events.lease_expired(backend, leases);
+                // Counted as written: a batch whose lines another sweeper
+                // wrote (it recovered the hand-off first) counts there.
+                let (swept, taken_over) = (&mut outcome.swept, &mut outcome.taken_over);
+                let mut report = |leases: &[ExpiredLease]| {
+                    events.lease_expired(backend, leases)?;
+                    for lease in leases {
+                        match lease.reaped_by {
+                            ReapedBy::Sweep => *swept += 1,
+                            ReapedBy::Takeover => *taken_over += 1,
+                        }
+                    }
+                    Ok(())
+                };
                 let n = if takeovers {
                     self.store.drain_takeovers(BATCH_SIZE, &mut report).await?
                 } else {
                     self.store.reap_expired(BATCH_SIZE, &mut report).await?
                 };
                 drain.took(n);
-                if takeovers {
-                    outcome.taken_over += n as u64;
-                } else {
-                    outcome.swept += n as u64;
-                }
-                if n > 0 {
-                    self.metrics.lease_expired(backend, n as u64);
+                let reported = outcome.swept + outcome.taken_over - before;
+                if reported > 0 {
+                    self.metrics.lease_expired(backend, reported);
                     // A long drain must not hold committed counts until it
                     // ends (a crash would lose them): send them with their batch.
                     self.metrics.flush().await;
@@ -148,7 +158,6 @@ mod tests {
 
     use super::*;
     use crate::config::StatsdTarget;
-    use crate::model::ReapedBy;
     use crate::progress::Progress;
     use crate::store::Work;
 

@@ -1,5 +1,5 @@
 //! SIGKILL and SIGTERM against the real binary mid-drain: a kill inside the
-//! crash window (lines flushed, batch not committed), a graceful stop
+//! crash window (lines flushed, their hand-off not yet deleted), a graceful stop
 //! mid-drain, and a stop while a COMMIT hangs. Each proves nothing deleted
 //! goes unreported and a duplicate only repeats the one uncommitted batch.
 //!
@@ -78,7 +78,8 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
     for key in &deleted {
         assert!(a_keys.contains(*key), "{key} deleted but never reported");
     }
-    // The crash window: lines written and flushed, batch rolled back.
+    // The crash window: lines written and flushed, the deletion of their
+    // hand-off rolled back.
     let window: HashSet<&String> = a_keys.iter().filter(|k| left.contains_key(*k)).collect();
     assert!(
         window.contains(&MARKER.to_owned()),

@@ -46,14 +46,20 @@ pub fn lease_lines(daemon: &Daemon) -> usize {
     daemon.count_lines(|l| l.contains(" message=lease_expired "))
 }
 
-/// Every lease in the table: key → token.
+/// Every lease whose last durable record remains, key → token: its row in
+/// `lock_entry`, or its place in a batch handed off (deleted from the table)
+/// whose lines were not yet written and committed.
 pub async fn leases(conn: &mut PgConnection) -> HashMap<String, i64> {
-    sqlx::query_as::<_, (String, i64)>("SELECT lock_key, token FROM lock_entry")
-        .fetch_all(conn)
-        .await
-        .expect("reading lock_entry")
-        .into_iter()
-        .collect()
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT lock_key, token FROM lock_entry
+         UNION ALL
+         SELECT u.k, u.t FROM lock_reap_handoff AS h, unnest(h.lock_keys, h.tokens) AS u (k, t)",
+    )
+    .fetch_all(conn)
+    .await
+    .expect("reading lock_entry")
+    .into_iter()
+    .collect()
 }
 
 /// Asserts that each report names an inserted lease with its own token, and
@@ -75,10 +81,12 @@ pub fn check_reports(
     keys
 }
 
-/// Holds the COMMIT of the batch that deletes `key` until the test releases
-/// advisory lock 4242: a deferred constraint trigger runs at commit time,
-/// after the daemon has written and flushed that batch's lines. Killing the
-/// daemon then is the crash window, hit deterministically rather than by luck.
+/// Holds the COMMIT of the batch that reports `key` until the test releases
+/// advisory lock 4242: a deferred constraint trigger on the deletion of the
+/// batch's hand-off runs at commit time, after the daemon has written and
+/// flushed that batch's lines (the leases themselves were deleted and
+/// committed before). Killing the daemon then is the crash window, hit
+/// deterministically rather than by luck.
 /// `client_connection_check_interval` lets the server notice the dead client
 /// while it waits and roll the batch back, as it would after a host crash.
 pub async fn hold_commit_of_batch_deleting(conn: &mut PgConnection, db: &TestDb, key: &str) {
@@ -90,9 +98,9 @@ pub async fn hold_commit_of_batch_deleting(conn: &mut PgConnection, db: &TestDb,
     .await
     .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE CONSTRAINT TRIGGER test_crash_window AFTER DELETE ON lock_entry
+        "CREATE CONSTRAINT TRIGGER test_crash_window AFTER DELETE ON lock_reap_handoff
            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-           WHEN (OLD.lock_key = '{key}') EXECUTE FUNCTION test_hold_commit();
+           WHEN (OLD.lock_keys @> ARRAY['{key}']) EXECUTE FUNCTION test_hold_commit();
          ALTER DATABASE {} SET client_connection_check_interval = '100ms';
          SELECT pg_advisory_lock(4242);",
         db.name

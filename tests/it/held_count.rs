@@ -299,7 +299,7 @@ impl std::io::Write for BrokenPipe {
 }
 
 #[tokio::test]
-async fn a_batch_that_rolled_back_subtracts_nothing() {
+async fn a_batch_whose_lines_fail_is_no_longer_held_and_stays_handed_off() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -320,18 +320,21 @@ async fn a_batch_that_rolled_back_subtracts_nothing() {
         .await
         .unwrap_err();
 
+    // The leases were released before their lines were tried: the lock
+    // server may take their keys, so they are not held, and their record is
+    // the hand-off, which stays until some sweeper writes the lines.
     assert!(matches!(err, StoreError::Report { .. }), "{err}");
-    assert_eq!(held_now(&mut conn).await, 12, "rolled back");
-    assert_eq!(deltas(&mut conn).await, (0, 0), "and its row with it");
+    assert_eq!(held_now(&mut conn).await, 4);
+    assert_eq!(deltas(&mut conn).await, (1, 8));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        1
+    );
     let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
     assert_eq!(
         locks::held_count(&mut conn, max_age).await.unwrap(),
-        stored(12)
+        stored(4)
     );
-    // The next sweep that commits is subtracted, once.
-    let mut healthy = Replica::new(&db).await;
-    assert_eq!(healthy.pass().await, (8, 4, 4));
-    assert_eq!(recounts(&mut conn).await, 1);
 }
 
 #[tokio::test]
@@ -494,10 +497,16 @@ async fn every_reaping_path_lowers_the_count_by_what_it_deleted() {
         locks::held_count(&mut conn, 0).await.unwrap(),
         recounted(backlog + 5)
     );
+    let counted = recounts(&mut conn).await;
     assert_eq!(a.pass().await, (backlog as u64, 5, 5));
-    let (batches, subtracted) = deltas(&mut conn).await;
-    assert_eq!(subtracted, backlog);
-    assert!(batches >= 3, "{batches} batches for {backlog} leases");
+    // A drain slower than the max age ends in a recount, which folds the
+    // batches' rows into the count it stores (the 5 above); otherwise each
+    // batch left its row.
+    if recounts(&mut conn).await == counted {
+        let (batches, subtracted) = deltas(&mut conn).await;
+        assert_eq!(subtracted, backlog);
+        assert!(batches >= 3, "{batches} batches for {backlog} leases");
+    }
 
     // A row that cannot be deleted: the batch is redone row by row, the bad
     // row set aside, the others subtracted.

@@ -17,6 +17,7 @@ mod faults_outage;
 mod faults_signals;
 mod faults_statsd;
 mod faults_support;
+mod handoff;
 mod held_count;
 mod holes;
 mod hostile;

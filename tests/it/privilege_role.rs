@@ -208,8 +208,8 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     // The only functions running with their owner's rights that it may call:
     // the three that delete nothing but expired leases (index order, backlog
     // walk) and recorded takeovers, the shared held count and the idle-sweep
-    // probe, and the job
-    // reaper's apply.
+    // probe, the job reaper's apply, and the hand-offs of reaped batches
+    // (record, claim, recover; and for jobs whether one waits).
     let definers: Vec<String> = sqlx::query_scalar(
         "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
           WHERE n.nspname = current_schema() AND p.prosecdef
@@ -222,8 +222,15 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
     assert_eq!(
         definers,
         vec![
+            "fn_job_reap_handoff_abandoned",
+            "fn_job_reap_handoff_claim",
+            "fn_job_reap_handoff_put",
+            "fn_job_reap_handoff_recover",
             "fn_job_reap_stale_leases_apply",
             "lock_drain_takeovers",
+            "lock_handoff_claim",
+            "lock_handoff_put",
+            "lock_handoff_recover",
             "lock_held_count_get",
             "lock_reap_expired",
             "lock_reap_expired_walk",

@@ -42,7 +42,7 @@ async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
     let db = TestDb::new().await;
     let mut queue = PgJobQueue::new(db.target());
     // A fresh schema's gates refuse (the substrate is off by default).
-    match queue.gates().await.unwrap() {
+    match queue.gates().await.unwrap().gates {
         Gates::Refuse { reason, stale } => {
             assert_eq!(reason, "queue.job_substrate.enabled=false");
             assert_eq!(stale, 0);
@@ -63,7 +63,7 @@ async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
     )
     .await;
     assert_eq!(dry_run(&mut conn, Some(1)).await["stale_lease_count"], 4);
-    match queue.gates().await.unwrap() {
+    match queue.gates().await.unwrap().gates {
         Gates::Refuse { stale, .. } => assert_eq!(stale, 4),
         Gates::Allow => panic!("the gates were not opened"),
     }

@@ -10,7 +10,7 @@ use lease_sweeper::testing::progress::Progress;
 use lease_sweeper::testing::sweep::run;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{StatsdCapture, TestDb, count, events, fields, insert_expired};
+use crate::support::{StatsdCapture, TestDb, count, events, exec, fields, insert_expired};
 
 async fn sweeper(
     db: &TestDb,
@@ -395,7 +395,7 @@ async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
 }
 
 #[tokio::test]
-async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_lost() {
+async fn a_batch_whose_lines_cannot_be_written_stays_handed_off_and_nothing_is_lost() {
     struct BrokenPipe;
     impl std::io::Write for BrokenPipe {
         fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
@@ -421,12 +421,26 @@ async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_los
         .await
         .unwrap_err();
 
-    assert!(err.to_string().contains("batch rolled back"), "{err}");
+    assert!(err.to_string().contains("nothing lost"), "{err}");
+    // The leases were released before their lines were tried; their record
+    // is the hand-off, kept because its lines failed.
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
     assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        count(
+            &mut conn,
+            "SELECT count(*) FROM lock_reap_handoff, unnest(lock_keys)"
+        )
+        .await,
         12,
-        "no lease deleted without its line"
+        "no lease released without a record until its line"
     );
+    // Past the grace any sweeper takes the hand-off over, as time passing
+    // would.
+    exec(
+        &mut conn,
+        "UPDATE lock_reap_handoff SET written_at = written_at - interval '1 minute'",
+    )
+    .await;
     // A healthy sweeper then reports all twelve.
     let (mut healthy, log, _) = sweeper(&db, &statsd).await;
     assert_eq!(
@@ -438,7 +452,11 @@ async fn a_batch_whose_lines_cannot_be_written_is_rolled_back_and_nothing_is_los
         12
     );
     assert_eq!(log.lines().len(), 12);
-    // Exactly the healthy sweep's twelve: the rolled-back batch counted none.
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        0
+    );
+    // Exactly the healthy sweep's twelve: the failed batch counted none.
     metrics.flush().await;
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", 12)

@@ -57,6 +57,12 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("lock_sweep_probe"),
     // Sweeps lower the shared count at once (migrations/20261201000100_…).
     Object::Table("lock_held_delta"),
+    // Batches handed off before their lines are written
+    // (migrations/20261202000100_…).
+    Object::Table("lock_reap_handoff"),
+    Object::Function("lock_handoff_put"),
+    Object::Function("lock_handoff_claim"),
+    Object::Function("lock_handoff_recover"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -74,6 +80,13 @@ pub const EXPECTED: &[Object] = &[
     Object::Table("job_kind_lease"),
     Object::Function("fn_job_kind_lease_set"),
     Object::Function("fn_job_default_lease_sec"),
+    // Apply reports handed off before their lines are written
+    // (migrations/20261202000100_…).
+    Object::Table("job_reap_handoff"),
+    Object::Function("fn_job_reap_handoff_put"),
+    Object::Function("fn_job_reap_handoff_claim"),
+    Object::Function("fn_job_reap_handoff_recover"),
+    Object::Function("fn_job_reap_handoff_abandoned"),
 ];
 
 /// A privilege the daemon's role needs, and why.
@@ -118,6 +131,21 @@ pub const GRANTS: &[Grant] = &[
         why: "the sweep drains recorded takeovers through it",
     },
     Grant {
+        on: Object::Function("lock_handoff_put"),
+        privileges: &["EXECUTE"],
+        why: "a reaped batch is recorded before its leases' row locks end",
+    },
+    Grant {
+        on: Object::Function("lock_handoff_claim"),
+        privileges: &["EXECUTE"],
+        why: "the recorded batch is deleted once its lines are written",
+    },
+    Grant {
+        on: Object::Function("lock_handoff_recover"),
+        privileges: &["EXECUTE"],
+        why: "a batch another sweeper recorded but did not report is reported",
+    },
+    Grant {
         on: Object::Table("queue_setting"),
         privileges: &["SELECT"],
         why: "the daemon reads the queue gates",
@@ -155,5 +183,25 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Function("fn_job_reap_stale_leases_apply"),
         privileges: &["EXECUTE"],
         why: "the daemon reaps stale job leases when the gates allow",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_handoff_put"),
+        privileges: &["EXECUTE"],
+        why: "an applied batch is recorded before its jobs' row locks end",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_handoff_claim"),
+        privileges: &["EXECUTE"],
+        why: "the recorded batch is deleted once its lines are written",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_handoff_recover"),
+        privileges: &["EXECUTE"],
+        why: "a batch another reaper recorded but did not report is reported",
+    },
+    Grant {
+        on: Object::Function("fn_job_reap_handoff_abandoned"),
+        privileges: &["EXECUTE"],
+        why: "each pass asks, in its first statement, whether such a batch waits",
     },
 ];

@@ -45,6 +45,8 @@ pub struct Daemon {
     lines: Arc<Mutex<Vec<String>>>,
     /// The stdout and stderr readers; each ends at its pipe's end of file.
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// Stdout while no one reads it (`spawn_with_blocked_stdout`).
+    held_stdout: Option<tokio::process::ChildStdout>,
 }
 
 impl Daemon {
@@ -58,8 +60,24 @@ impl Daemon {
         Self::spawn_program(&binary(), args, env)
     }
 
+    /// Like `spawn`, but nothing reads its stdout until `unblock_stdout`: once
+    /// the pipe's buffer (64 KiB) is full, every write blocks, as behind a
+    /// stalled journald or log collector. Its stderr is read as usual.
+    pub fn spawn_with_blocked_stdout(env: &[(&str, &str)]) -> Self {
+        Self::start(&binary(), &["run"], env, false)
+    }
+
     /// Like `spawn_args` with another program in front (e.g. `runuser`).
     pub fn spawn_program(program: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start(program, args, env, true)
+    }
+
+    fn start(
+        program: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        read_stdout: bool,
+    ) -> Self {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .env_clear()
@@ -75,24 +93,37 @@ impl Daemon {
             .spawn()
             .expect("spawning lease-sweeper");
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut readers = Vec::new();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let sink = lines.clone();
-            readers.push(tokio::spawn(async move {
-                let mut reader = BufReader::new(stream).lines();
-                while let Ok(Some(line)) = reader.next_line().await {
-                    sink.lock().unwrap().push(line);
-                }
-            }));
-        }
-        Self {
+        let stdout = child.stdout.take().unwrap();
+        let mut daemon = Self {
             child,
             lines,
-            readers,
+            readers: Vec::new(),
+            held_stdout: None,
+        };
+        let stderr = daemon.child.stderr.take().unwrap();
+        daemon.read(Box::new(stderr));
+        if read_stdout {
+            daemon.read(Box::new(stdout));
+        } else {
+            daemon.held_stdout = Some(stdout);
         }
+        daemon
+    }
+
+    fn read(&mut self, stream: Box<dyn tokio::io::AsyncRead + Unpin + Send>) {
+        let sink = self.lines.clone();
+        self.readers.push(tokio::spawn(async move {
+            let mut reader = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        }));
+    }
+
+    /// Starts reading the stdout `spawn_with_blocked_stdout` held back.
+    pub fn unblock_stdout(&mut self) {
+        let stdout = self.held_stdout.take().expect("stdout was held back");
+        self.read(Box::new(stdout));
     }
 
     pub fn pid(&self) -> i32 {
