@@ -132,11 +132,9 @@ DESCRIPTION:
                  (newer ones are a warning, fine while an upgrade rolls out)
     table, index, function
                  every object the daemon uses is visible to this role; indexes are valid
-    grant        this role may do what `run` does: EXECUTE on the sweep's definer functions
-                 (lock_reap_expired, lock_reap_expired_walk, lock_drain_takeovers,
-                 lock_sweep_probe, lock_held_count_get) and the job reaper's, SELECT on
-                 queue_setting and on the reaper's columns of job_queue; no privilege on
-                 lock_entry itself, no DELETE anywhere
+    grant        this role holds each privilege `run` needs, one line per object (the
+                 list, with why each is needed: docs/least-privilege.md, section 2); the
+                 sweep deletes through SECURITY DEFINER functions, so no DELETE is needed
     definer functions' owner, overloads of built-ins
                  a superuser owning the definer functions is a warning; a built-in's
                  overload planted on the search path by another role is a FAIL
