@@ -217,3 +217,96 @@ async fn a_failed_migration_is_named_with_what_to_do() {
         assert!(failed["error"].contains(&part), "{part:?} in {failed:?}");
     }
 }
+
+/// README.md's environment table, row by row: the backquoted names of the
+/// first column, then the meaning and the default as plain text (links to
+/// their text, backquotes dropped, whitespace collapsed).
+fn readme_environment() -> Vec<(Vec<String>, String, String)> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n### ")
+        .find(|s| s.starts_with("Environment"))
+        .expect("README.md has its Environment section");
+    let section = section.split("\n## ").next().unwrap();
+    let plain = |cell: &str| -> String {
+        let mut text = String::new();
+        let mut rest = cell;
+        // [text](target) -> text
+        while let Some(open) = rest.find('[') {
+            let Some(close) = rest[open..].find("](").map(|i| open + i) else {
+                break;
+            };
+            let end = rest[close..].find(')').map(|i| close + i).unwrap();
+            text.push_str(&rest[..open]);
+            text.push_str(&rest[open + 1..close]);
+            rest = &rest[end + 1..];
+        }
+        text.push_str(rest);
+        text.replace('`', "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|row| {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let names = cells[0]
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            let default = cells[2].trim_end_matches(" |").trim_end_matches('|').trim();
+            (names, plain(cells[1]), plain(default))
+        })
+        .collect()
+}
+
+#[test]
+fn the_help_environment_is_readmes_table() {
+    let help: Vec<(Vec<String>, String, String)> = lease_sweeper::cli::ENVIRONMENT_TABLE
+        .iter()
+        .map(|v| {
+            (
+                v.names.iter().map(|n| (*n).to_owned()).collect(),
+                v.meaning.split_whitespace().collect::<Vec<_>>().join(" "),
+                v.default.to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        help,
+        readme_environment(),
+        "src/cli.rs's ENVIRONMENT_TABLE (left) and README.md's table (right)"
+    );
+    // And every page shows what its command reads.
+    let top = lease_sweeper::cli::environment(None);
+    for var in lease_sweeper::cli::ENVIRONMENT_TABLE {
+        for name in var.names {
+            assert!(top.contains(name), "the top-level help lacks {name}");
+        }
+    }
+}
+
+#[test]
+fn the_help_log_filter_is_readmes() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let filter = lease_sweeper::cli::LEASE_EXPIRED_FILTER;
+    assert!(
+        filter.starts_with('^'),
+        "anchored on the line's start: {filter}"
+    );
+    assert!(
+        readme.contains(&format!("`{filter}`")),
+        "README.md shows the log-based metric filter as the help does: `{filter}`"
+    );
+    let mut cmd = <lease_sweeper::cli::Cli as clap::CommandFactory>::command();
+    let run = cmd.find_subcommand_mut("run").unwrap();
+    let help = run.render_long_help().to_string();
+    assert!(help.contains(&format!("`{filter}`")), "{help}");
+    assert!(!help.contains("filter is `level=warn"), "{help}");
+}
