@@ -347,8 +347,10 @@ OUTPUT:
   latest claim or heartbeat gave it and where that came from (`30s kind`: its kind's
   duration; `override`: its metadata.lease_override_sec; `default`:
   queue.lease.duration_sec; `-`: not leased through fn_job_claim or fn_job_heartbeat).
-  A refused apply prints `refused: <reason>` (e.g. refused:
-  queue.lease.reaper_dry_run_only=true) and exits 1.
+  A refused apply prints `refused: <reason>` and exits 1; a closed gate's refusal adds the
+  command that opens it:
+    refused: queue.lease.reaper_dry_run_only=true
+    to open that gate: lease-sweeper gates set queue.lease.reaper_dry_run_only false --actor NAME
   --json prints the SQL function's JSON unchanged instead (for scripts and jq), the
   refusal included. Diagnostics go to stderr. No colour, terminal or not.
 
@@ -551,7 +553,8 @@ pub enum JobsCommand {
     /// Refused, in this order, for an empty actor, then while
     /// queue.job_substrate.enabled is false, queue.lease.reaper_enabled is
     /// false or queue.lease.reaper_dry_run_only is true (exit 1, the reason
-    /// on stdout as `refused: <reason>`, or the JSON with --json).
+    /// on stdout as `refused: <reason>` followed, for a closed gate, by the
+    /// `gates set` command that opens it; or the JSON with --json).
     /// Otherwise each stale job returns to retry_waiting with exponential
     /// backoff, or moves to the dead-letter table at its last attempt; a job
     /// completed or re-leased meanwhile is never touched. Prints one row per

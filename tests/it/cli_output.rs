@@ -1,7 +1,7 @@
 //! `gates` and `jobs` print aligned tables for people and, with `--json`,
 //! the SQL functions' JSON unchanged for scripts.
 
-use lease_sweeper::cli::{GatesArgs, JobsCommand, LimitArg, OutputArgs};
+use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg, OutputArgs};
 use lease_sweeper::testing::jobs::{Format, run_gates_as, run_jobs_as};
 
 use crate::jobs_support::dry_run;
@@ -41,8 +41,11 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
         "{table}"
     );
     assert_eq!(
-        *lines.last().unwrap(),
-        "apply now: refused (queue.lease.reaper_enabled=false): stale job leases are left alone"
+        lines[lines.len() - 2..],
+        [
+            "apply now: refused (queue.lease.reaper_enabled=false): stale job leases are left alone",
+            "to open that gate: lease-sweeper gates set queue.lease.reaper_enabled true --actor NAME"
+        ]
     );
     // Columns line up: every row's VALUE starts where the header's does.
     let column = lines[0].find("VALUE").unwrap();
@@ -54,6 +57,68 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
             "{row:?} misaligned in\n{table}"
         );
     }
+}
+
+/// Following each refusal's advice, word for word, opens the gates one by
+/// one until the apply runs.
+#[tokio::test]
+async fn a_refused_apply_names_the_command_that_opens_its_gate() {
+    let db = TestDb::new().await;
+    let mut refusals = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        let apply = JobsCommand::Apply {
+            actor: "ops".into(),
+            limit: LimitArg { limit: 10 },
+        };
+        let code = run_jobs_as(&db.target(), apply, &mut out, Format::Table)
+            .await
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let Some(advice) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("to open that gate: "))
+        else {
+            assert_eq!(code, std::process::ExitCode::SUCCESS, "{text}");
+            break;
+        };
+        assert_eq!(code, std::process::ExitCode::from(1), "{text}");
+        refusals.push(text.lines().next().unwrap().to_owned());
+        let words: Vec<&str> = advice.split_whitespace().collect();
+        let [
+            "lease-sweeper",
+            "gates",
+            "set",
+            key,
+            value,
+            "--actor",
+            "NAME",
+        ] = words[..]
+        else {
+            panic!("not a gates set command: {advice}");
+        };
+        let set = GatesArgs {
+            command: Some(GatesCommand::Set {
+                key: key.into(),
+                value: value.into(),
+                actor: "ops".into(),
+            }),
+            output: OutputArgs::default(),
+        };
+        let mut ignored = Vec::new();
+        run_gates_as(&db.target(), set, &mut ignored, Format::Table)
+            .await
+            .unwrap();
+        assert!(refusals.len() <= 3, "{refusals:?}");
+    }
+    assert_eq!(
+        refusals,
+        [
+            "refused: queue.job_substrate.enabled=false",
+            "refused: queue.lease.reaper_enabled=false",
+            "refused: queue.lease.reaper_dry_run_only=true"
+        ]
+    );
 }
 
 #[tokio::test]
