@@ -338,7 +338,9 @@ SEE ALSO:
 const JOBS_HEAD: &str = "\
 DESCRIPTION:
   The job queue's stale-lease reaper, by hand. `dry-run` is read-only and always allowed;
-  `apply` acts only while the three gates allow it (see `lease-sweeper gates`). The daemon
+  `apply` acts only while the three gates allow it (three of the five settings
+  `lease-sweeper gates` shows; the other two tune the retry backoff and the default
+  lease). The daemon
   runs the same apply on every sweep; these commands are for operators.
 
 OUTPUT:
@@ -380,9 +382,11 @@ DESCRIPTION:
   queue.lease.reaper_enabled=true and queue.lease.reaper_dry_run_only=false.
 
 SETTINGS (defaults):
-  queue.job_substrate.enabled=false      queue.lease.reaper_enabled=false
-  queue.lease.reaper_dry_run_only=true   queue.retry.backoff_base_sec=10
-  queue.lease.duration_sec=300
+  the three gates     queue.job_substrate.enabled=false, queue.lease.reaper_enabled=false,
+                      queue.lease.reaper_dry_run_only=true
+  two tuning settings queue.retry.backoff_base_sec=10 (the retry backoff's base),
+                      queue.lease.duration_sec=300 (the job lease when neither the job
+                      nor its kind sets one; see `lease-sweeper leases`)
 
 EXAMPLES:
   lease-sweeper gates
@@ -506,7 +510,7 @@ pub enum Command {
     #[command(after_help = page(JOBS_HEAD, "jobs", JOBS_TAIL))]
     Jobs(JobsArgs),
 
-    /// Show the queue gates, or change one (audited).
+    /// Show the queue's three gates and two tuning settings, or change one (audited).
     #[command(after_help = page(GATES_HEAD, "gates", GATES_TAIL))]
     Gates(GatesArgs),
 
@@ -528,8 +532,9 @@ pub enum Command {
         max_age: u64,
     },
 
-    /// The embedded default: a self-contained demonstration on a throwaway
-    /// local PostgreSQL. Needs no configuration; finishes in under a minute.
+    /// A self-contained demonstration: a throwaway local PostgreSQL with
+    /// abandoned leases and jobs, swept by the real daemon, then removed.
+    /// Needs no configuration; once built, it finishes in about ten seconds.
     ///
     /// Starts PostgreSQL (as the `postgres` user when run as root), migrates,
     /// acts as a lock server that acquires leases and abandons some, opens the
