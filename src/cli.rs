@@ -317,6 +317,8 @@ OUTPUT (stdout):
   check FAILED: 1 of 44 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
   A database that passes ends with: check passed: all 44 checks ok
+  A database never migrated gets one line for its migrations, objects and grants:
+  FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
