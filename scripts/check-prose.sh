@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checks that README.md, docs/ and the --help texts agree with the tree:
-# cited paths and test names exist, every environment variable the code
+# Checks that README.md, docs/, the crates' READMEs, systemd/, deploy/, man/,
+# the `//!` module docs and the --help texts agree with the tree: cited paths,
+# module paths and test names exist, every environment variable the code
 # reads is in README's table, every event it logs is in
 # docs/metrics-and-logs.md, the `check` samples show today's migration and
 # check counts, and nothing refers to documents or trackers outside the

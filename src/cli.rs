@@ -12,41 +12,214 @@
 
 use clap::{Args, Parser, Subcommand};
 
-/// The environment every database command reads (a macro so the pages below
-/// can `concat!` it).
-macro_rules! environment {
-    () => {
-        "\
-ENVIRONMENT:
-  LOCKDB_URL     PostgreSQL URL of the lock database (postgres://USER:PASSWORD@HOST:PORT/DB)
-  DATABASE_URL   used when LOCKDB_URL is unset
-  PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE
-                 libpq defaults, used when neither URL is set
-  STATSD_HOST    StatsD agent host (default 127.0.0.1), resolved again after failures
-  STATSD_PORT    StatsD agent UDP port (default 8125)
-  RUST_LOG       extra diagnostic detail, e.g. lease_sweeper=debug (cannot silence lease_expired)
-  Passwords are never printed: databases are named postgres://USER@HOST:PORT/DB.
-"
-    };
+/// One row of the environment table, the same facts as README.md's table
+/// (the test `cli_output::the_help_environment_is_readmes_table` compares
+/// them: names, meaning with Markdown dropped, default), plus which commands
+/// read it, so each page lists only its own.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvVar {
+    /// The variables this row is about, in README's order.
+    pub names: &'static [&'static str],
+    /// What they do (README's wording, without its Markdown).
+    pub meaning: &'static str,
+    /// What applies when they are unset (`—`: nothing).
+    pub default: &'static str,
+    /// The subcommands that read them.
+    pub read_by: &'static [&'static str],
 }
 
-const ENVIRONMENT: &str = concat!(
-    environment!(),
-    "
+/// Every command that connects to the lock database.
+const DB_COMMANDS: &[&str] = &["run", "migrate", "check", "jobs", "gates", "leases"];
+
+/// The environment: there is no config file and no flag for the interval or
+/// tags.
+pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
+    EnvVar {
+        names: &["LOCKDB_URL"],
+        meaning: "the lock database: a libpq URL, multi-host included \
+                  (postgres://u@db1:5432,db2:5432/locks?target_session_attrs=read-write&connect_timeout=3), \
+                  or key=value pairs",
+        default: "—",
+        read_by: DB_COMMANDS,
+    },
+    EnvVar {
+        names: &["DATABASE_URL"],
+        meaning: "used when LOCKDB_URL is unset",
+        default: "—",
+        read_by: DB_COMMANDS,
+    },
+    EnvVar {
+        names: &[
+            "PGHOST",
+            "PGHOSTADDR",
+            "PGPORT",
+            "PGDATABASE",
+            "PGUSER",
+            "PGPASSWORD",
+            "PGPASSFILE",
+            "PGSSLMODE",
+            "PGSSLROOTCERT",
+            "PGSSLCERT",
+            "PGSSLKEY",
+            "PGAPPNAME",
+            "PGCONNECT_TIMEOUT",
+            "PGTARGETSESSIONATTRS",
+            "PGOPTIONS",
+        ],
+        meaning: "libpq's variables (PGHOST, PGHOSTADDR and PGPORT take comma lists): the \
+                  whole target when neither URL is set, else what the URL leaves out",
+        default: "libpq's: user = the OS user, password from ~/.pgpass (0600), certificates \
+                  from ~/.postgresql/",
+        read_by: DB_COMMANDS,
+    },
+    EnvVar {
+        names: &["STATSD_HOST"],
+        meaning: "StatsD agent host; resolved when sending and again after failures",
+        default: "127.0.0.1",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
+        names: &["STATSD_PORT"],
+        meaning: "StatsD agent UDP port",
+        default: "8125",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
+        names: &["LEASE_SWEEPER_METRICS_ADDR"],
+        meaning: "IP:port where run serves GET /metrics for Prometheus (127.0.0.1:9464; \
+                  0.0.0.0:9464 in a pod); the same numbers as StatsD plus the daemon's health \
+                  (docs/metrics-and-logs.md)",
+        default: "unset: nothing listens",
+        read_by: &["run"],
+    },
+    EnvVar {
+        names: &["LEASE_SWEEPER_HEARTBEAT_FILE"],
+        meaning: "where run writes its liveness heartbeat and alive reads it (containers; \
+                  docs/container.md)",
+        default: "unset: none",
+        read_by: &["run", "alive"],
+    },
+    EnvVar {
+        names: &["RUST_LOG"],
+        meaning: "extra diagnostic detail (lease_sweeper=debug); cannot silence lease_expired",
+        default: "info,sqlx=warn",
+        read_by: &[
+            "run", "migrate", "check", "jobs", "gates", "leases", "alive", "demo",
+        ],
+    },
+    EnvVar {
+        names: &["NOTIFY_SOCKET", "WATCHDOG_USEC"],
+        meaning: "set by systemd for Type=notify and WatchdogSec=: run then sends READY, \
+                  WATCHDOG and STOPPING (docs/operations.md); never set them yourself",
+        default: "unset: no notifications",
+        read_by: &["run"],
+    },
+    EnvVar {
+        names: &["HOSTNAME"],
+        meaning: "only when gethostname(2) fails: the host part of the job reaper's actor, \
+                  lease-sweeper@<host>",
+        default: "unknown-host",
+        read_by: &["run"],
+    },
+    EnvVar {
+        names: &["PG_BINDIR", "PATH"],
+        meaning: "where demo (and the tests) find PostgreSQL's initdb and postgres: PG_BINDIR, \
+                  else the newest /usr/lib/postgresql/*/bin, else pg_config --bindir, else PATH",
+        default: "—",
+        read_by: &["demo"],
+    },
+];
+
+/// Width the help's environment text is wrapped to (the other blocks of
+/// the pages are written to it by hand).
+const HELP_WIDTH: usize = 92;
+
+/// The ENVIRONMENT block for `command` (every variable when `None`, for the
+/// top-level page): each row's names, then its meaning and default, wrapped.
+pub fn environment(command: Option<&str>) -> String {
+    let mut out = String::from("ENVIRONMENT:\n");
+    for var in ENVIRONMENT_TABLE {
+        if command.is_some_and(|c| !var.read_by.contains(&c)) {
+            continue;
+        }
+        wrap(&mut out, &var.names.join(", "), "  ");
+        wrap(&mut out, var.meaning, "      ");
+        match var.default {
+            "—" => {}
+            d if d.starts_with("unset") => wrap(&mut out, d, "      "),
+            d => wrap(&mut out, &format!("default: {d}"), "      "),
+        }
+    }
+    if command.is_none_or(|c| DB_COMMANDS.contains(&c)) {
+        out.push_str(
+            "  Passwords are never printed: databases are named postgres://USER@HOST:PORT/DB.\n",
+        );
+    }
+    out
+}
+
+/// Appends `text` to `out`, filled to `HELP_WIDTH` with every line indented;
+/// a word longer than a line gets a line of its own.
+fn wrap(out: &mut String, text: &str, indent: &str) {
+    let mut line = String::from(indent);
+    for word in text.split_whitespace() {
+        if line.len() > indent.len() && line.len() + 1 + word.len() > HELP_WIDTH {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from(indent);
+        }
+        if line.len() > indent.len() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+/// A subcommand's page: its own blocks, the environment it reads, then its
+/// exit status and references.
+fn page(head: &str, command: &str, tail: &str) -> String {
+    format!("{head}{}{tail}", environment(Some(command)))
+}
+
+/// The top-level page's blocks after its environment.
+const TOP_TAIL: &str = "
 EXIT STATUS:
   0 success, 1 runtime failure (or a refused job apply), 2 usage or configuration error
 
 SEE ALSO:
   docs/operations.md, docs/metrics-and-logs.md, docs/container.md, systemd/lease-sweeper.service
-  (the docs/ pages are also installed by the Debian package, in /usr/share/doc/lease-sweeper/)"
-);
+  (the docs/ pages are also installed by the Debian package, in /usr/share/doc/lease-sweeper/)";
 
-const RUN_HELP: &str = concat!(
-    "\
+fn top_help() -> String {
+    format!("{}{TOP_TAIL}", environment(None))
+}
+
+/// The pattern a log-based metric counts `lease_expired` lines with: anchored
+/// on the line's start, because a lock key, owner or job kind may carry the
+/// same text inside a quoted value later in its own line (an unanchored
+/// filter lets a hostile key inflate the count). README.md shows the same
+/// (`cli_output::the_help_log_filter_is_readmes`).
+pub const LEASE_EXPIRED_FILTER: &str = r"^ts=\S+ level=warn message=lease_expired ";
+
+/// Where `RUN_HEAD` shows `LEASE_EXPIRED_FILTER`.
+const FILTER_SLOT: &str = "{LEASE_EXPIRED_FILTER}";
+
+fn run_help() -> String {
+    page(
+        &RUN_HEAD.replace(FILTER_SLOT, LEASE_EXPIRED_FILTER),
+        "run",
+        RUN_TAIL,
+    )
+}
+
+const RUN_HEAD: &str = "\
 OUTPUT:
   logfmt on stdout, one event per line: ts=<RFC 3339 UTC> level=<level> message=<event> ...
-  Exactly one line per expired lock lease, written before its deletion commits (a
-  log-based metric filter is `level=warn message=lease_expired`):
+  Exactly one line per expired lock lease, written before its deletion commits. A
+  log-based metric filters on the line's start, `{LEASE_EXPIRED_FILTER}`
+  (a lock key may carry that text later in its own line):
     ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
         overdueMillis=MS backend=pg reapedBy=sweep|takeover ownerId=O
   One line per stale job lease acted on: level=warn message=job_lease_expired jobId=...
@@ -80,11 +253,9 @@ EXAMPLES:
   LOCKDB_URL=postgres://sweeper:secret@db.internal:5432/locks lease-sweeper run
   LOCKDB_URL='postgres://sweeper@localhost/locks?host=/run/postgresql' STATSD_HOST=statsd.internal lease-sweeper run
 
-",
-    environment!(),
-    "  NOTIFY_SOCKET, WATCHDOG_USEC
-                 set by systemd for Type=notify and WatchdogSec
+";
 
+const RUN_TAIL: &str = "
 EXIT STATUS:
   0 stopped by a signal after a clean drain; 1 could not start (signal handlers);
   2 configuration error (a restart cannot fix it); 128+N forced by a second signal N.
@@ -93,11 +264,9 @@ EXIT STATUS:
 
 SEE ALSO:
   lease-sweeper check, docs/operations.md, docs/metrics-and-logs.md,
-  systemd/lease-sweeper.service, docs/container.md"
-);
+  systemd/lease-sweeper.service, docs/container.md";
 
-const MIGRATE_HELP: &str = concat!(
-    "\
+const MIGRATE_HEAD: &str = "\
 DESCRIPTION:
   Applies the migrations built into this binary: the lock and job-queue tables, indexes
   and SQL functions, and the NOLOGIN role lease_sweeper holding exactly what `run` and
@@ -111,19 +280,17 @@ OUTPUT:
 EXAMPLES:
   LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper migrate
 
-",
-    environment!(),
-    "
+";
+
+const MIGRATE_TAIL: &str = "
 EXIT STATUS:
   0 applied (or nothing to do), 1 the database refused or could not be reached,
   2 configuration error
 
 SEE ALSO:
-  lease-sweeper check, docs/operations.md (Upgrade)"
-);
+  lease-sweeper check, docs/operations.md (Upgrade)";
 
-const CHECK_HELP: &str = concat!(
-    "\
+const CHECK_HEAD: &str = "\
 DESCRIPTION:
   With the same environment as `run`, checks and prints one line per item:
     connect      the database answers, each host within its connect_timeout (5 s unless
@@ -132,11 +299,9 @@ DESCRIPTION:
                  (newer ones are a warning, fine while an upgrade rolls out)
     table, index, function
                  every object the daemon uses is visible to this role; indexes are valid
-    grant        this role may do what `run` does: EXECUTE on the sweep's definer functions
-                 (lock_reap_expired, lock_reap_expired_walk, lock_drain_takeovers,
-                 lock_sweep_probe, lock_held_count_get) and the job reaper's, SELECT on
-                 queue_setting and on the reaper's columns of job_queue; no privilege on
-                 lock_entry itself, no DELETE anywhere
+    grant        this role holds each privilege `run` needs, one line per object (the
+                 list, with why each is needed: docs/least-privilege.md, section 2); the
+                 sweep deletes through SECURITY DEFINER functions, so no DELETE is needed
     definer functions' owner, overloads of built-ins
                  a superuser owning the definer functions is a warning; a built-in's
                  overload planted on the search path by another role is a FAIL
@@ -146,12 +311,14 @@ DESCRIPTION:
   says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 12 applied (latest 20261202000100)
+  ok    migrations: all 13 applied (latest 20261202000200)
   FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
   check FAILED: 1 of 60 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
   A database that passes ends with: check passed: all 60 checks ok
+  A database never migrated gets one line for its migrations, objects and grants:
+  FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 
 SYSTEMD:
   The shipped unit runs `ExecStartPre=-lease-sweeper check`: the list lands in the journal
@@ -161,21 +328,21 @@ SYSTEMD:
 EXAMPLES:
   LOCKDB_URL=postgres://sweeper_host_a:secret@db.internal:5432/locks lease-sweeper check
 
-",
-    environment!(),
-    "
+";
+
+const CHECK_TAIL: &str = "
 EXIT STATUS:
   0 no FAIL line (warn lines allowed), 1 at least one FAIL line, 2 configuration error
 
 SEE ALSO:
-  lease-sweeper migrate, docs/operations.md (Install, Troubleshooting)"
-);
+  lease-sweeper migrate, docs/operations.md (Install, Troubleshooting)";
 
-const JOBS_HELP: &str = concat!(
-    "\
+const JOBS_HEAD: &str = "\
 DESCRIPTION:
   The job queue's stale-lease reaper, by hand. `dry-run` is read-only and always allowed;
-  `apply` acts only while the three gates allow it (see `lease-sweeper gates`). The daemon
+  `apply` acts only while the three gates allow it (three of the five settings
+  `lease-sweeper gates` shows; the other two tune the retry backoff and the default
+  lease). The daemon
   runs the same apply on every sweep; these commands are for operators.
 
 OUTPUT:
@@ -184,8 +351,10 @@ OUTPUT:
   latest claim or heartbeat gave it and where that came from (`30s kind`: its kind's
   duration; `override`: its metadata.lease_override_sec; `default`:
   queue.lease.duration_sec; `-`: not leased through fn_job_claim or fn_job_heartbeat).
-  A refused apply prints `refused: <reason>` (e.g. refused:
-  queue.lease.reaper_dry_run_only=true) and exits 1.
+  A refused apply prints `refused: <reason>` and exits 1; a closed gate's refusal adds the
+  command that opens it:
+    refused: queue.lease.reaper_dry_run_only=true
+    to open that gate: lease-sweeper gates set queue.lease.reaper_dry_run_only false --actor NAME
   --json prints the SQL function's JSON unchanged instead (for scripts and jq), the
   refusal included. Diagnostics go to stderr. No colour, terminal or not.
 
@@ -194,18 +363,16 @@ EXAMPLES:
   lease-sweeper jobs dry-run --json | jq .stale_lease_count
   lease-sweeper jobs apply --actor alice@ops --limit 100
 
-",
-    environment!(),
-    "
+";
+
+const JOBS_TAIL: &str = "
 EXIT STATUS:
   0 success, 1 failure or a refused apply (stdout says why), 2 usage or configuration error
 
 SEE ALSO:
-  lease-sweeper gates, lease-sweeper leases, docs/jobs-operator-guide.md, docs/sql-api.md"
-);
+  lease-sweeper gates, lease-sweeper leases, docs/jobs-operator-guide.md, docs/sql-api.md";
 
-const GATES_HELP: &str = concat!(
-    "\
+const GATES_HEAD: &str = "\
 DESCRIPTION:
   Without a subcommand: prints every queue setting (its value, who changed it and when)
   and what an apply would do now, as a table (--json: the JSON). `gates set` changes
@@ -217,27 +384,27 @@ DESCRIPTION:
   queue.lease.reaper_enabled=true and queue.lease.reaper_dry_run_only=false.
 
 SETTINGS (defaults):
-  queue.job_substrate.enabled=false      queue.lease.reaper_enabled=false
-  queue.lease.reaper_dry_run_only=true   queue.retry.backoff_base_sec=10
-  queue.lease.duration_sec=300
+  the three gates     queue.job_substrate.enabled=false, queue.lease.reaper_enabled=false,
+                      queue.lease.reaper_dry_run_only=true
+  two tuning settings queue.retry.backoff_base_sec=10 (the retry backoff's base),
+                      queue.lease.duration_sec=300 (the job lease when neither the job
+                      nor its kind sets one; see `lease-sweeper leases`)
 
 EXAMPLES:
   lease-sweeper gates
   lease-sweeper gates --json
   lease-sweeper gates set queue.lease.reaper_enabled true --actor alice@ops
 
-",
-    environment!(),
-    "
+";
+
+const GATES_TAIL: &str = "
 EXIT STATUS:
   0 success, 1 a rejected setting or failure, 2 usage or configuration error
 
 SEE ALSO:
-  lease-sweeper jobs, lease-sweeper leases, docs/jobs-operator-guide.md"
-);
+  lease-sweeper jobs, lease-sweeper leases, docs/jobs-operator-guide.md";
 
-const LEASES_HELP: &str = concat!(
-    "\
+const LEASES_HEAD: &str = "\
 DESCRIPTION:
   How long a claim or a heartbeat leases each job, in this order: the job's
   metadata.lease_override_sec, else its kind's duration (set here), else
@@ -255,22 +422,19 @@ EXAMPLES:
   lease-sweeper leases clear report.render --actor alice@ops
   lease-sweeper jobs dry-run     # the LEASE column: what each stale job was given, and why
 
-",
-    environment!(),
-    "
+";
+
+const LEASES_TAIL: &str = "
 EXIT STATUS:
   0 success, 1 a rejected change (an empty kind or actor, seconds outside 1-86400) or
   failure, 2 usage or configuration error (e.g. SECONDS not a number)
 
 SEE ALSO:
-  lease-sweeper gates, lease-sweeper jobs, docs/jobs-operator-guide.md, docs/sql-api.md"
-);
+  lease-sweeper gates, lease-sweeper jobs, docs/jobs-operator-guide.md, docs/sql-api.md";
 
-const ALIVE_HELP: &str = "\
-ENVIRONMENT:
-  LEASE_SWEEPER_HEARTBEAT_FILE  the file `run` refreshes and this command reads (same path
-                                for both; under --read-only put it on a small writable
-                                volume, e.g. an emptyDir at /run/lease-sweeper)
+const ALIVE_TAIL: &str =
+    "  run and alive need the same LEASE_SWEEPER_HEARTBEAT_FILE; under --read-only put it on a
+  small writable volume, e.g. an emptyDir at /run/lease-sweeper.
 
 EXAMPLES:
   LEASE_SWEEPER_HEARTBEAT_FILE=/run/lease-sweeper/heartbeat lease-sweeper alive --max-age 120
@@ -282,7 +446,7 @@ EXIT STATUS:
 SEE ALSO:
   docs/container.md (the Kubernetes manifest's livenessProbe)";
 
-const DEMO_HELP: &str = "\
+const DEMO_HEAD: &str = "\
 NEEDS:
   PostgreSQL's server binaries (initdb, postgres) under /usr/lib/postgresql/*/bin, on PATH
   or in PG_BINDIR; as root, a `postgres` (or `nobody`) user to run them as. No server needs
@@ -293,6 +457,9 @@ OUTPUT:
   The demonstration's own events (demo_*) and the daemon's lines and StatsD datagrams,
   logfmt on stdout.
 
+";
+
+const DEMO_TAIL: &str = "
 EXIT STATUS:
   0 the demonstration ran and cleaned up, 1 it could not (the error says why)
 
@@ -303,7 +470,7 @@ SEE ALSO:
 /// each lock-lease expiry into one WARN `lease_expired` line and one StatsD
 /// count.
 #[derive(Debug, Parser)]
-#[command(name = "lease-sweeper", version, about, long_about = None, after_help = ENVIRONMENT)]
+#[command(name = "lease-sweeper", version, about, long_about = None, after_help = top_help())]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -326,11 +493,11 @@ pub enum Command {
     /// size or metric tags. Several replicas may sweep one database at once:
     /// they split the work (FOR UPDATE SKIP LOCKED) and never count a lease
     /// twice. The database's clock decides what has expired.
-    #[command(after_help = RUN_HELP)]
+    #[command(after_help = run_help())]
     Run,
 
     /// Apply the bundled schema migrations (idempotent; safe from several hosts).
-    #[command(after_help = MIGRATE_HELP)]
+    #[command(after_help = page(MIGRATE_HEAD, "migrate", MIGRATE_TAIL))]
     Migrate,
 
     /// Preflight: check connection, schema, functions, privileges and StatsD.
@@ -338,19 +505,19 @@ pub enum Command {
     /// Prints one `ok`/`warn`/`FAIL` line per check on stdout, then a verdict,
     /// and exits 0 unless a line is FAIL, 1 otherwise. For operators and for
     /// systemd's ExecStartPre. Never prints secrets.
-    #[command(after_help = CHECK_HELP)]
+    #[command(after_help = page(CHECK_HEAD, "check", CHECK_TAIL))]
     Check,
 
     /// Inspect or reap stale job leases (a table, or the SQL functions' JSON).
-    #[command(after_help = JOBS_HELP)]
+    #[command(after_help = page(JOBS_HEAD, "jobs", JOBS_TAIL))]
     Jobs(JobsArgs),
 
-    /// Show the queue gates, or change one (audited).
-    #[command(after_help = GATES_HELP)]
+    /// Show the queue's three gates and two tuning settings, or change one (audited).
+    #[command(after_help = page(GATES_HEAD, "gates", GATES_TAIL))]
     Gates(GatesArgs),
 
     /// Show the job lease durations per kind, or set or clear one (audited).
-    #[command(after_help = LEASES_HELP)]
+    #[command(after_help = page(LEASES_HEAD, "leases", LEASES_TAIL))]
     Leases(LeasesArgs),
 
     /// Liveness probe: exit 0 while every service loop keeps making progress.
@@ -359,7 +526,7 @@ pub enum Command {
     /// each time both loops (lock sweeper, job reaper) have finished a pass,
     /// failed or not. For a Kubernetes exec livenessProbe: it connects to
     /// nothing, so a database outage never fails it; a wedged loop does.
-    #[command(after_help = ALIVE_HELP)]
+    #[command(after_help = page("", "alive", ALIVE_TAIL))]
     Alive {
         /// Oldest heartbeat accepted, in seconds (the unit's WatchdogSec).
         #[arg(long, value_name = "SECONDS", default_value_t = crate::heartbeat::DEFAULT_MAX_AGE.as_secs(),
@@ -367,14 +534,15 @@ pub enum Command {
         max_age: u64,
     },
 
-    /// The embedded default: a self-contained demonstration on a throwaway
-    /// local PostgreSQL. Needs no configuration; finishes in under a minute.
+    /// A self-contained demonstration: a throwaway local PostgreSQL with
+    /// abandoned leases and jobs, swept by the real daemon, then removed.
+    /// Needs no configuration; once built, it finishes in about ten seconds.
     ///
     /// Starts PostgreSQL (as the `postgres` user when run as root), migrates,
     /// acts as a lock server that acquires leases and abandons some, opens the
     /// queue gates and abandons leased jobs, runs the real daemon so its lines
     /// and StatsD datagrams show, stops it with SIGTERM and removes the cluster.
-    #[command(after_help = DEMO_HELP)]
+    #[command(after_help = page(DEMO_HEAD, "demo", DEMO_TAIL))]
     Demo,
 }
 
@@ -392,7 +560,8 @@ pub enum JobsCommand {
     /// Refused, in this order, for an empty actor, then while
     /// queue.job_substrate.enabled is false, queue.lease.reaper_enabled is
     /// false or queue.lease.reaper_dry_run_only is true (exit 1, the reason
-    /// on stdout as `refused: <reason>`, or the JSON with --json).
+    /// on stdout as `refused: <reason>` followed, for a closed gate, by the
+    /// `gates set` command that opens it; or the JSON with --json).
     /// Otherwise each stale job returns to retry_waiting with exponential
     /// backoff, or moves to the dead-letter table at its last attempt; a job
     /// completed or re-leased meanwhile is never touched. Prints one row per

@@ -6,7 +6,7 @@
 //! sent by the `sd-notify` crate to the socket named in `NOTIFY_SOCKET`. Without
 //! that variable (a shell, a container, a test) every call is a no-op. It does
 //! not decide when the daemon stops (`shutdown` does) nor how often it sweeps
-//! (`sweeper` does).
+//! (`sweep::run` does).
 //!
 //! Why from the loops' progress and not a timer: the watchdog must notice a
 //! wedged loop, of either service, so a ping is sent only when every loop has

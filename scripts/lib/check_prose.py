@@ -8,15 +8,23 @@ Owns the checks that need no database and no build, each finding printed as
   paths      a repository path (`src/…`, `tests/…`, `scripts/…`,
              `migrations/…`, `deploy/…`, `docs/…`, `systemd/…`, `man/…`,
              `debian/…`, `crates/…`; a deep path in no directory of ours is
-             another project's) or a relative Markdown link in README.md, docs/*.md
-             or src/cli.rs that names nothing in the tree; a `#anchor` that
-             names no heading of the linked page;
+             another project's; a crate's README may cite its own files from
+             the crate's root) or a relative Markdown link that names nothing
+             in the tree, in README.md, docs/*.md, crates/*/README.md,
+             src/cli.rs, systemd/, deploy/ (YAML, mtail, the dashboard's
+             JSON), man/ and the `//!` docs of src/; a `#anchor` that names no
+             heading of the linked page;
   names      `module::name` in README.md or docs/*.md, where `module` is a
              test module (tests/it/<module>.rs) or a module of src/, naming
              no function or item there, or a test-like name under a module
              that does not exist (a renamed or split test file); a bare
              test-like name (`a_b_c_d_e`, four underscores or more) that
              appears nowhere in the code;
+  modules    in the same texts, a `module::item` path (`pg::conn::BEGIN_GUARDED`,
+             `crate::sweep::run`) whose first part is neither a module of src/
+             or tests/it nor a crate, or whose item its module does not
+             define; in a `//!` doc, a module said to own or do something
+             ("(`sweeper` does)") that src/ does not have;
   env        an environment variable src/ reads (`env::var("X")`,
              `env::var_os(CONST)` with `const CONST: &str = "X"`, clap's
              `env = "X"`) that README.md's environment table does not list;
@@ -184,9 +192,36 @@ def anchors(path):
     return _anchors[path]
 
 
+def cited_texts():
+    """Every file whose words cite the tree, as (file, [(line number, text)],
+    markdown?): README.md and docs/*.md, src/cli.rs (the help), the crates'
+    READMEs, the systemd unit and env file, deploy/ (the YAML, the mtail
+    program and the dashboard's JSON, whose descriptions and comments name
+    docs and paths), the man pages (roff escapes undone) and the `//!` docs of
+    every module of src/."""
+    out = [(f, list(enumerate(read(f).splitlines(), 1)), True)
+           for f in prose_files() + sorted(ROOT.glob("crates/*/README.md"))]
+    out.append((ROOT / "src" / "cli.rs", list(enumerate(read(ROOT / "src" / "cli.rs").splitlines(), 1)), False))
+    for top in ("systemd", "deploy"):
+        for p in sorted(tracked(top)):
+            f = ROOT / p
+            if f.is_file():
+                out.append((f, list(enumerate(read(f).splitlines(), 1)), False))
+    for f in sorted((ROOT / "man").glob("*.1")):
+        lines = [(no, re.sub(r"\\\*\(Aq|\\\(aq", "'", line).replace("\\-", "-").replace("\\fB", "").replace("\\fR", ""))
+                 for no, line in enumerate(read(f).splitlines(), 1)]
+        out.append((f, lines, False))
+    for f in sorted((ROOT / "src").rglob("*.rs")):
+        docs = [(no, line.strip()[3:]) for no, line in enumerate(read(f).splitlines(), 1)
+                if line.strip().startswith("//!")]
+        if docs:
+            out.append((f, docs, False))
+    return out
+
+
 def check_paths():
-    for f in prose_files() + [ROOT / "src" / "cli.rs"]:
-        for no, line in enumerate(read(f).splitlines(), 1):
+    for f, lines, markdown in cited_texts():
+        for no, line in lines:
             for m in PATH_RE.finditer(line):
                 cited = m.group(0).rstrip(".")
                 # `kubectl logs deploy/NAME` names a Deployment, not a path.
@@ -194,10 +229,14 @@ def check_paths():
                     continue
                 if foreign(cited):
                     continue
+                # A crate's README cites its own files from the crate's root.
+                crate = rel(f).split("/")[:2] if rel(f).startswith("crates/") else None
+                if crate and (ROOT.joinpath(*crate) / cited.replace("…", "")).exists():
+                    continue
                 if not path_exists(cited):
                     find(rel(f), no, f"cites `{cited}`, which is not in the repository",
                          "correct the path (ls -R), or say what it was without the path")
-            if f.suffix != ".md":
+            if not markdown:
                 continue
             for m in LINK_RE.finditer(line):
                 target = m.group(1)
@@ -270,6 +309,125 @@ def check_names():
                 if not re.search(r"\b" + re.escape(name) + r"\b", code):
                     find(rel(f), no, f"names `{name}`, which appears nowhere in src/, tests/, migrations/ or scripts/",
                          "use the current name of the test or item, or drop the reference")
+
+
+# ---- module paths -----------------------------------------------------------
+
+# `pg::conn::BEGIN_GUARDED`, `crate::sweep::run`, `lease_sweeper::cli::Cli`.
+MODPATH_RE = re.compile(r"`(?:(?:crate|super|self)::)?([a-z_][a-z0-9_]*)((?:::[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`")
+# "(`shutdown` does)", "`cmd` owns": how a module's doc names another module.
+OWNER_RE = re.compile(r"`([a-z_][a-z0-9_]*)` (?:does|do|owns|own|decides|decide)\b")
+DEP_RE = re.compile(r"^([A-Za-z0-9_-]+)\s*=", re.M)
+
+
+def crates():
+    """Names a path may start with that are not modules of ours: std's and
+    every dependency's (Cargo.toml's and each workspace crate's)."""
+    names = {"std", "core", "alloc", "lease_sweeper"}
+    for toml in [ROOT / "Cargo.toml"] + sorted(ROOT.glob("crates/*/Cargo.toml")):
+        names.add(toml.parent.name.replace("-", "_"))
+        section = None
+        for line in read(toml).splitlines():
+            if line.startswith("["):
+                section = line.strip("[] ")
+                continue
+            m = DEP_RE.match(line)
+            if m and section and section.split(".")[-1] in ("dependencies", "dev-dependencies", "build-dependencies"):
+                names.add(m.group(1).replace("-", "_"))
+    return names
+
+
+def module_nodes(name, under=None):
+    """The files of every src module called `name` (`check`: src/cmd/check/mod.rs),
+    directly in `under` when given, anywhere in src/ otherwise."""
+    if under is not None:
+        cands = [under / f"{name}.rs", under / name / "mod.rs"]
+    else:
+        cands = list((ROOT / "src").rglob(f"{name}.rs")) + list((ROOT / "src").rglob(f"{name}/mod.rs"))
+        if name == "lease_sweeper":
+            cands = [ROOT / "src" / "lib.rs"]
+    return [c for c in cands if c.exists() and c.name != "main.rs"]
+
+
+def children_dir(node):
+    return node.parent if node.name in ("mod.rs", "lib.rs") else node.with_suffix("")
+
+
+def defines(node, name):
+    files = [node] + ([q for q in node.parent.glob("*.rs") if q != node] if node.name == "mod.rs" else [])
+    # An item, a re-export, or a field or variant of a type declared there.
+    item = re.compile(ITEM_RE.format(re.escape(name))
+                      + r"|^\s*(?:pub(?:\([^)]*\))?\s+)?use [^;]*\b" + re.escape(name) + r"\b[^;]*;"
+                      + r"|^\s*(?:pub(?:\([^)]*\))?\s+)?" + re.escape(name) + r"\b\s*[:({,]", re.M)
+    return any(item.search(read(q)) for q in files)
+
+
+def resolve(first, rest):
+    """None when `first::rest…` names a module and item of src/, else what is
+    wrong with it."""
+    nodes = module_nodes(first)
+    for node in nodes:
+        ok = True
+        for i, seg in enumerate(rest):
+            last = i == len(rest) - 1
+            sub = module_nodes(seg, children_dir(node))
+            if sub and not last:
+                node = sub[0]
+                continue
+            if sub or defines(node, seg):
+                if seg[:1].isupper():
+                    break  # a type: its methods and variants are not checked
+                if last:
+                    break
+            ok = False
+            break
+        if ok:
+            return None
+    return f"no item `{'::'.join(rest)}` in module `{first}` ({', '.join(rel(n) for n in nodes)})"
+
+
+def check_module_paths():
+    """`module::item` paths in every cited text (the prose's two-part
+    lower-case ones are check_names'), and the modules a `//!` doc says own
+    or do something."""
+    _, tests = module_files()
+    known = crates()
+    prose = set(prose_files())
+    for f, lines, _ in cited_texts():
+        for no, line in lines:
+            for m in MODPATH_RE.finditer(line):
+                first, rest = m.group(1), m.group(2).split("::")[1:]
+                if f in prose and NAME_RE.fullmatch(m.group(0)):
+                    continue
+                if first in known and first != "lease_sweeper":
+                    continue
+                # A test module (tests/it/sweep.rs) may share its name with a
+                # src module (src/sweep/): either may hold the item.
+                if first in tests and len(rest) == 1 and re.search(ITEM_RE.format(re.escape(rest[0])), read(tests[first])):
+                    continue
+                if not module_nodes(first):
+                    if first in tests:
+                        find(rel(f), no, f"names `{m.group(0).strip('`')}`, which is no function or item of {rel(tests[first])}",
+                             "use the current name (grep -rn 'fn NAME' tests/), or drop the reference")
+                    elif first not in PRIMITIVES and not (ROOT / "tests" / "it" / first).is_dir():
+                        find(rel(f), no, f"names `{m.group(0).strip('`')}`, but src/ has no module `{first}` and no crate is called that",
+                             "use the module's current path (ls src/), or drop the reference")
+                    continue
+                why = resolve(first, rest)
+                if why:
+                    find(rel(f), no, f"names `{m.group(0).strip('`')}`: {why}",
+                         "use the current path (grep -rn 'fn NAME\\|const NAME' src/), or drop the reference")
+            if f.suffix == ".rs":
+                for m in OWNER_RE.finditer(line):
+                    name = m.group(1)
+                    if not module_nodes(name) and name not in known and name not in SUBCOMMANDS:
+                        find(rel(f), no, f"says `{name}` owns or does something, but src/ has no module `{name}`",
+                             "name the module that does it now (ls src/), e.g. `sweep::run`")
+
+
+PRIMITIVES = {"i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+              "f32", "f64", "str", "char", "bool"}
+SUBCOMMANDS = {"run", "migrate", "check", "jobs", "gates", "leases", "alive", "demo"}
 
 
 # ---- env ------------------------------------------------------------------------
@@ -489,7 +647,8 @@ def check_outside():
 
 
 def main():
-    for check in (check_paths, check_names, check_env, check_events, check_samples, check_package, check_outside):
+    for check in (check_paths, check_names, check_module_paths, check_env, check_events, check_samples,
+                  check_package, check_outside):
         check()
     for f in findings:
         print(f)

@@ -1,12 +1,15 @@
-//! `lease-sweeper demo`: the embedded default, runnable with no configuration.
+//! `lease-sweeper demo`: a self-contained demonstration, runnable with no
+//! configuration: a throwaway PostgreSQL with leases and jobs abandoned in
+//! it, swept by the real daemon, then removed.
 //!
 //! Owns the demonstration script only: a throwaway PostgreSQL, a stand-in
 //! lock server (through the shipped SQL functions) that acquires leases and
-//! abandons some, a stand-in job worker that claims jobs and dies, an operator
-//! who opens the queue gates through the audited setter (first "armed but
-//! safe", then for real), a stand-in StatsD agent that prints each datagram,
-//! and the real daemon (this same binary, `run`) sweeping, with its scrape
-//! endpoint on a loopback port, until it is sent SIGTERM. Everything it starts is stopped and removed before it returns.
+//! abandons some, a stand-in job worker that claims jobs and dies, an
+//! operator who opens the queue gates through the audited setter (first
+//! staged: enabled but dry-run-only, then armed), a stand-in StatsD agent
+//! that prints each datagram, and the real daemon (this same binary, `run`)
+//! sweeping, with its scrape endpoint on a loopback port, until it is sent
+//! SIGTERM. Everything it starts is stopped and removed before it returns.
 
 use std::time::{Duration, Instant};
 
@@ -157,8 +160,8 @@ pub async fn run() -> anyhow::Result<()> {
          reported (reapedBy=takeover), and lock.held.current soon counts only report:daily",
     );
 
-    // The job queue: the operator opens the substrate and arms the reaper but
-    // leaves it dry-run-only ("armed but safe"); a worker claims two jobs on
+    // The job queue: the operator opens the substrate and enables the reaper
+    // but leaves it dry-run-only (staged); a worker claims two jobs on
     // a short lease and dies. One has attempts left, one is on its last.
     set_gate(&mut conn, "queue.job_substrate.enabled", "true").await?;
     set_gate(&mut conn, "queue.lease.reaper_enabled", "true").await?;
@@ -178,7 +181,7 @@ pub async fn run() -> anyhow::Result<()> {
     );
 
     note(
-        "the job reaper is armed but dry-run-only: the daemon will say job_reaper_gated \
+        "the job reaper is staged (enabled, but dry-run-only): the daemon will say job_reaper_gated \
          reason=queue.lease.reaper_dry_run_only=true; that is the safe default, not a failure",
     );
     // A free loopback port for the scrape endpoint (asked of the kernel,

@@ -458,18 +458,21 @@ pub fn describe(err: &sqlx::Error) -> String {
 /// Display, which appends PostgreSQL's internal source position).
 fn describe_server_error(db: &dyn sqlx::error::DatabaseError) -> String {
     let mut msg = db.message().to_owned();
+    // undefined_table / undefined_function: the schema is not there, and the
+    // server's hint ("You might need to add explicit type casts") would only
+    // stand in front of ours.
+    let undefined = db.code().is_some_and(|c| c == "42P01" || c == "42883");
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         if let Some(detail) = pg.detail() {
             msg.push_str(&format!(" ({detail})"));
         }
-        if let Some(hint) = pg.hint() {
+        if let Some(hint) = pg.hint().filter(|_| !undefined) {
             msg.push_str(&format!("; hint: {hint}"));
         }
     }
     if let Some(code) = db.code() {
         msg.push_str(&format!(" (SQLSTATE {code})"));
-        // undefined_table / undefined_function: the schema is not there.
-        if code == "42P01" || code == "42883" {
+        if undefined {
             msg.push_str("; is the schema migrated? run `lease-sweeper migrate`");
         }
         // read_only_sql_transaction: connected to a standby (target_session_attrs

@@ -1,7 +1,7 @@
 //! `gates` and `jobs` print aligned tables for people and, with `--json`,
 //! the SQL functions' JSON unchanged for scripts.
 
-use lease_sweeper::cli::{GatesArgs, JobsCommand, LimitArg, OutputArgs};
+use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg, OutputArgs};
 use lease_sweeper::testing::jobs::{Format, run_gates_as, run_jobs_as};
 
 use crate::jobs_support::dry_run;
@@ -41,8 +41,11 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
         "{table}"
     );
     assert_eq!(
-        *lines.last().unwrap(),
-        "apply now: refused (queue.lease.reaper_enabled=false): stale job leases are left alone"
+        lines[lines.len() - 2..],
+        [
+            "apply now: refused (queue.lease.reaper_enabled=false): stale job leases are left alone",
+            "to open that gate: lease-sweeper gates set queue.lease.reaper_enabled true --actor NAME"
+        ]
     );
     // Columns line up: every row's VALUE starts where the header's does.
     let column = lines[0].find("VALUE").unwrap();
@@ -54,6 +57,68 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
             "{row:?} misaligned in\n{table}"
         );
     }
+}
+
+/// Following each refusal's advice, word for word, opens the gates one by
+/// one until the apply runs.
+#[tokio::test]
+async fn a_refused_apply_names_the_command_that_opens_its_gate() {
+    let db = TestDb::new().await;
+    let mut refusals = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        let apply = JobsCommand::Apply {
+            actor: "ops".into(),
+            limit: LimitArg { limit: 10 },
+        };
+        let code = run_jobs_as(&db.target(), apply, &mut out, Format::Table)
+            .await
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let Some(advice) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("to open that gate: "))
+        else {
+            assert_eq!(code, std::process::ExitCode::SUCCESS, "{text}");
+            break;
+        };
+        assert_eq!(code, std::process::ExitCode::from(1), "{text}");
+        refusals.push(text.lines().next().unwrap().to_owned());
+        let words: Vec<&str> = advice.split_whitespace().collect();
+        let [
+            "lease-sweeper",
+            "gates",
+            "set",
+            key,
+            value,
+            "--actor",
+            "NAME",
+        ] = words[..]
+        else {
+            panic!("not a gates set command: {advice}");
+        };
+        let set = GatesArgs {
+            command: Some(GatesCommand::Set {
+                key: key.into(),
+                value: value.into(),
+                actor: "ops".into(),
+            }),
+            output: OutputArgs::default(),
+        };
+        let mut ignored = Vec::new();
+        run_gates_as(&db.target(), set, &mut ignored, Format::Table)
+            .await
+            .unwrap();
+        assert!(refusals.len() <= 3, "{refusals:?}");
+    }
+    assert_eq!(
+        refusals,
+        [
+            "refused: queue.job_substrate.enabled=false",
+            "refused: queue.lease.reaper_enabled=false",
+            "refused: queue.lease.reaper_dry_run_only=true"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -216,4 +281,97 @@ async fn a_failed_migration_is_named_with_what_to_do() {
     ] {
         assert!(failed["error"].contains(&part), "{part:?} in {failed:?}");
     }
+}
+
+/// README.md's environment table, row by row: the backquoted names of the
+/// first column, then the meaning and the default as plain text (links to
+/// their text, backquotes dropped, whitespace collapsed).
+fn readme_environment() -> Vec<(Vec<String>, String, String)> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n### ")
+        .find(|s| s.starts_with("Environment"))
+        .expect("README.md has its Environment section");
+    let section = section.split("\n## ").next().unwrap();
+    let plain = |cell: &str| -> String {
+        let mut text = String::new();
+        let mut rest = cell;
+        // [text](target) -> text
+        while let Some(open) = rest.find('[') {
+            let Some(close) = rest[open..].find("](").map(|i| open + i) else {
+                break;
+            };
+            let end = rest[close..].find(')').map(|i| close + i).unwrap();
+            text.push_str(&rest[..open]);
+            text.push_str(&rest[open + 1..close]);
+            rest = &rest[end + 1..];
+        }
+        text.push_str(rest);
+        text.replace('`', "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    section
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|row| {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let names = cells[0]
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            let default = cells[2].trim_end_matches(" |").trim_end_matches('|').trim();
+            (names, plain(cells[1]), plain(default))
+        })
+        .collect()
+}
+
+#[test]
+fn the_help_environment_is_readmes_table() {
+    let help: Vec<(Vec<String>, String, String)> = lease_sweeper::cli::ENVIRONMENT_TABLE
+        .iter()
+        .map(|v| {
+            (
+                v.names.iter().map(|n| (*n).to_owned()).collect(),
+                v.meaning.split_whitespace().collect::<Vec<_>>().join(" "),
+                v.default.to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        help,
+        readme_environment(),
+        "src/cli.rs's ENVIRONMENT_TABLE (left) and README.md's table (right)"
+    );
+    // And every page shows what its command reads.
+    let top = lease_sweeper::cli::environment(None);
+    for var in lease_sweeper::cli::ENVIRONMENT_TABLE {
+        for name in var.names {
+            assert!(top.contains(name), "the top-level help lacks {name}");
+        }
+    }
+}
+
+#[test]
+fn the_help_log_filter_is_readmes() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let filter = lease_sweeper::cli::LEASE_EXPIRED_FILTER;
+    assert!(
+        filter.starts_with('^'),
+        "anchored on the line's start: {filter}"
+    );
+    assert!(
+        readme.contains(&format!("`{filter}`")),
+        "README.md shows the log-based metric filter as the help does: `{filter}`"
+    );
+    let mut cmd = <lease_sweeper::cli::Cli as clap::CommandFactory>::command();
+    let run = cmd.find_subcommand_mut("run").unwrap();
+    let help = run.render_long_help().to_string();
+    assert!(help.contains(&format!("`{filter}`")), "{help}");
+    assert!(!help.contains("filter is `level=warn"), "{help}");
 }

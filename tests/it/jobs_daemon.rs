@@ -128,7 +128,7 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "waiting", 7, 0, 5, 1_000).await;
-    set_gates(&mut conn, true, true, true).await; // armed but safe
+    set_gates(&mut conn, true, true, true).await; // staged: enabled, dry-run-only
     let before = job_snapshot(&mut conn).await;
     let (mut reaper, lines, metrics) = reaper(&db, &statsd);
 

@@ -42,7 +42,8 @@ pub use report::{Line, Report, Status};
 use connection::{SETTINGS, connect, resolve_statsd};
 use report::query_failed;
 use schema::{
-    DEFINER_OWNERS, PLANTED, definer_owners, exists, granted, migrations, planted_overloads,
+    DEFINER_OWNERS, PLANTED, definer_owners, exists, granted, migrations, missing_everywhere,
+    never_migrated, planted_overloads,
 };
 
 /// `lease-sweeper check`: reads the environment like `run`, prints the report
@@ -94,11 +95,27 @@ pub async fn preflight(db: &DbTarget, statsd: &StatsdTarget) -> Report {
 }
 
 async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
-    lines.push(migrations(conn, redactor).await);
+    let (migrated, none_applied) = migrations(conn, redactor).await;
+    let mut objects = Vec::with_capacity(EXPECTED.len());
     for object in EXPECTED {
         let what = object.to_string();
-        lines.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
+        objects.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
     }
+    if none_applied && objects.iter().all(missing_everywhere) {
+        // A database never migrated: one FAIL, not one per object and grant.
+        lines.push(never_migrated(objects.len()));
+    } else {
+        lines.push(migrated);
+        lines.extend(objects);
+        grants(conn, redactor, lines).await;
+    }
+    let owners = checked(conn, redactor, DEFINER_OWNERS.into(), definer_owners).await;
+    lines.push(owners);
+    let planted = checked(conn, redactor, PLANTED.into(), planted_overloads).await;
+    lines.push(planted);
+}
+
+async fn grants(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
     for grant in GRANTS {
         let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
         let line = checked(conn, redactor, what.clone(), async |c| {
@@ -106,10 +123,6 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
         });
         lines.push(line.await);
     }
-    let owners = checked(conn, redactor, DEFINER_OWNERS.into(), definer_owners).await;
-    lines.push(owners);
-    let planted = checked(conn, redactor, PLANTED.into(), planted_overloads).await;
-    lines.push(planted);
 }
 
 /// One check in its own guarded transaction (PgBouncer-safe, `in_tx`); a

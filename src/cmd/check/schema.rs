@@ -11,6 +11,9 @@ use crate::config::Redactor;
 use crate::pg::catalog;
 
 pub(super) const DEFINER_OWNERS: &str = "definer functions' owner";
+/// The one line that stands for the migrations, objects and grants of a
+/// database never migrated.
+pub(super) const SCHEMA: &str = "schema";
 pub(super) const PLANTED: &str = "overloads of built-ins";
 
 /// Warns when SECURITY DEFINER functions on this role's search path are
@@ -61,14 +64,48 @@ pub(super) async fn planted_overloads(conn: &mut PgConnection) -> Result<Line, s
     })
 }
 
-/// Compares the database's `_sqlx_migrations` with the migrations built in.
-pub(super) async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> Line {
+/// The line of a database never migrated: no migration applied and none of
+/// the `objects` the daemon uses anywhere. One line instead of one per
+/// object and grant, which would all give the same advice.
+pub(super) fn never_migrated(objects: usize) -> Line {
+    Line::fail(
+        SCHEMA,
+        format!(
+            "not migrated (no migration applied, none of the {objects} tables, indexes and \
+             functions the daemon uses exists); {MIGRATE_HINT}"
+        ),
+    )
+}
+
+/// Whether `line` says its object exists nowhere in the database (not merely
+/// out of this role's sight).
+pub(super) fn missing_everywhere(line: &Line) -> bool {
+    line.failed() && line.detail == missing_detail()
+}
+
+fn missing_detail() -> String {
+    format!("missing; {MIGRATE_HINT}")
+}
+
+/// Compares the database's `_sqlx_migrations` with the migrations built in;
+/// the flag is true when no migration was ever applied (no such table).
+pub(super) async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> (Line, bool) {
     const WHAT: &str = "migrations";
     match crate::pg::conn::in_tx(conn, catalog::migrations_table_exists).await {
         Ok(true) => {}
-        Ok(false) => return Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}")),
-        Err(e) => return query_failed(WHAT.into(), redactor, &e),
+        Ok(false) => {
+            return (
+                Line::fail(WHAT, format!("none applied; {MIGRATE_HINT}")),
+                true,
+            );
+        }
+        Err(e) => return (query_failed(WHAT.into(), redactor, &e), false),
     }
+    (migrations_applied(conn, redactor).await, false)
+}
+
+async fn migrations_applied(conn: &mut PgConnection, redactor: &Redactor) -> Line {
+    const WHAT: &str = "migrations";
     let applied = match crate::pg::conn::in_tx(conn, catalog::applied_migrations).await {
         Ok(rows) => rows,
         Err(e) => {
@@ -156,7 +193,7 @@ pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Li
     // Not visible through search_path: either absent, or in a schema this
     // role may not use (a schema without USAGE is skipped silently).
     let missing = |elsewhere: Option<String>| match elsewhere {
-        None => Line::fail(object.to_string(), format!("missing; {MIGRATE_HINT}")),
+        None => Line::fail(object.to_string(), missing_detail()),
         Some(schemas) => Line::fail(
             object.to_string(),
             format!(

@@ -174,7 +174,55 @@ pub(super) fn short_time(ts: &str) -> String {
     }
 }
 
-/// A refusal (gates closed, limit out of range, setting rejected).
+/// A refusal (gates closed, limit out of range, setting rejected): the
+/// reason exactly as the SQL function gave it (scripts match it), then, for a
+/// closed gate, the command that opens it.
 pub(super) fn refusal_table(reason: Option<&str>) -> String {
-    format!("refused: {}\n", table::printable(&or_dash(reason)))
+    let mut out = format!("refused: {}\n", table::printable(&or_dash(reason)));
+    if let Some(open) = reason.and_then(gate_opener) {
+        out.push_str(&format!("to open that gate: {open}\n"));
+    }
+    out
+}
+
+/// For a closed gate's refusal reason (`queue.lease.reaper_enabled=false`,
+/// the gate and the boolean value that closes it), the command that opens
+/// it; `None` for any other reason (a limit, an unknown key, a bad value).
+pub(super) fn gate_opener(reason: &str) -> Option<String> {
+    let (key, closed) = reason.split_once('=')?;
+    let open = match closed {
+        "true" => "false",
+        "false" => "true",
+        _ => return None,
+    };
+    let is_key = key.starts_with("queue.")
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_');
+    is_key.then(|| format!("lease-sweeper gates set {key} {open} --actor NAME"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gate_opener;
+
+    #[test]
+    fn a_closed_gate_names_the_command_that_opens_it_and_nothing_else_does() {
+        assert_eq!(
+            gate_opener("queue.job_substrate.enabled=false").as_deref(),
+            Some("lease-sweeper gates set queue.job_substrate.enabled true --actor NAME")
+        );
+        assert_eq!(
+            gate_opener("queue.lease.reaper_dry_run_only=true").as_deref(),
+            Some("lease-sweeper gates set queue.lease.reaper_dry_run_only false --actor NAME")
+        );
+        for other in [
+            "actor_required",
+            "limit_out_of_range",
+            "queue.retry.backoff_base_sec_invalid",
+            "fn_queue_setting_set: unknown setting key \"x=true\"",
+        ] {
+            assert_eq!(gate_opener(other), None, "{other}");
+        }
+    }
 }

@@ -100,10 +100,16 @@ fn gates_table(v: &Value) -> String {
             None => {
                 "\napply now: allowed (stale job leases are reaped on the next sweep)\n".to_owned()
             }
-            Some(reason) => format!(
-                "\napply now: refused ({}): stale job leases are left alone\n",
-                table::printable(reason)
-            ),
+            Some(reason) => {
+                let mut line = format!(
+                    "\napply now: refused ({}): stale job leases are left alone\n",
+                    table::printable(reason)
+                );
+                if let Some(open) = gate_opener(reason) {
+                    line.push_str(&format!("to open that gate: {open}\n"));
+                }
+                line
+            }
         },
     );
     out

@@ -243,11 +243,12 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_report_prints_its_reason_alone() {
+    fn a_refused_report_prints_its_reason_and_the_command_that_opens_the_gate() {
         let refused = r#"{"reason": "queue.lease.reaper_enabled=false", "refused": true}"#;
         let apply: ApplyReport = decode(refused).unwrap();
         let dry: DryRunReport = decode(refused).unwrap();
-        let want = "refused: queue.lease.reaper_enabled=false\n";
+        let want = "refused: queue.lease.reaper_enabled=false\n\
+                    to open that gate: lease-sweeper gates set queue.lease.reaper_enabled true --actor NAME\n";
         assert_eq!(
             (apply_table(&apply), dry_run_table(&dry)),
             (want.into(), want.into())
