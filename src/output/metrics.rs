@@ -14,7 +14,7 @@ use cadence::{Counted, Gauged};
 
 use crate::config::StatsdTarget;
 use crate::output::prometheus::Exposition;
-use crate::output::statsd::Statsd;
+use crate::output::statsd::{FINISH_BOUND, Statsd};
 
 /// Expired lock leases reaped (swept or taken over). Tags: `backend`.
 pub const LEASE_EXPIRED: &str = "lock.lease.expired";
@@ -117,9 +117,17 @@ impl Metrics {
         }
     }
 
-    /// Sends what StatsD has buffered (the Prometheus series need no flush:
-    /// a scrape reads them as they are).
+    /// Hands what StatsD has buffered to its sender, without waiting on DNS
+    /// or the network (the Prometheus series need no flush: a scrape reads
+    /// them as they are).
     pub async fn flush(&self) {
         self.statsd.flush().await;
+    }
+
+    /// At shutdown, after the services stopped: lets StatsD's sender deliver
+    /// what is left, blocking at most `statsd::FINISH_BOUND`. Returns whether
+    /// everything was sent.
+    pub fn finish(&self) -> bool {
+        self.statsd.finish(FINISH_BOUND)
     }
 }

@@ -13,6 +13,7 @@ mod daemon;
 mod dashboard;
 mod faults_clock;
 mod faults_concurrent_writers;
+mod faults_dns;
 mod faults_outage;
 mod faults_signals;
 mod faults_statsd;
