@@ -82,8 +82,12 @@ impl<S: LockStore> LockSweeper<S> {
         for takeovers in [false, true] {
             let mut drain = Drain::new(BATCH_SIZE);
             while drain.go_on(cancel) {
-                let events = &mut self.events;
-                let mut report = |leases: &[ExpiredLease]| events.lease_expired(backend, leases);
+                let (events, metrics) = (&mut self.events, &self.metrics);
+                let mut report = |leases: &[ExpiredLease]| {
+                    events
+                        .lease_expired(backend, leases)
+                        .inspect(|()| metrics.lease_overdue(backend, leases))
+                };
                 let n = if takeovers {
                     self.store.drain_takeovers(BATCH_SIZE, &mut report).await?
                 } else {

@@ -44,6 +44,7 @@ mod prometheus_support;
 mod reap_walk;
 mod scrape;
 mod scrape_flood;
+mod scrape_lateness;
 mod scrape_support;
 mod services;
 mod simple_probe;
