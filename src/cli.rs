@@ -66,7 +66,8 @@ METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per s
   lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
   queue.lease.reaped:N|c|#backend:pg,action:A   queue.lease.stale.current:N|g|#backend:pg
   lock.lease.overdue:MS|ms|@R|#backend:pg,reaped_by:B   (lateness timers: at most 100
-  queue.lease.overdue:MS|ms|@R|#backend:pg,action:A      a batch; @R only when sampled)
+  queue.lease.overdue:MS|ms|@R|#backend:pg,action:A      a batch per tag set; @R only
+                                                         when sampled)
 
 SIGNALS:
   SIGTERM, SIGINT   no new sweep; the batch in flight commits (or after 2 s rolls back);

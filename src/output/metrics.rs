@@ -10,7 +10,7 @@
 //!
 //! The one place the two differ is lateness: Prometheus observes every lease
 //! and job (a histogram costs the same for any number), StatsD gets at most
-//! `MAX_OVERDUE_SAMPLES` timer samples a batch, with their sample rate, so a
+//! `MAX_OVERDUE_SAMPLES` timer samples a batch per tag set, with their sample rate, so a
 //! storm of 200,000 leases sends 4,000 timer lines, not 200,000. Counts are
 //! never sampled.
 
@@ -19,7 +19,7 @@ use std::time::Duration;
 use cadence::{Counted, Gauged, Timed};
 
 use crate::config::StatsdTarget;
-use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, ExpiredLease, JobAction};
+use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, ExpiredLease, JobAction, ReapedBy};
 use crate::output::prometheus::Exposition;
 use crate::output::statsd::{FINISH_BOUND, Statsd};
 
@@ -38,10 +38,12 @@ pub const LEASE_OVERDUE: &str = "lock.lease.overdue";
 /// (`MAX_OVERDUE_SAMPLES`). Tags: `backend`, `action`.
 pub const JOB_LEASE_OVERDUE: &str = "queue.lease.overdue";
 
-/// Most lateness timer samples one batch sends to StatsD. A batch with more
-/// leases (or jobs) sends this many, spread evenly through it, each with the
-/// sample rate `|@<this>/<batch size>`, so the agent scales its counts back
-/// and its percentiles come from a sample across the whole batch. 100 a
+/// Most lateness timer samples one batch sends to StatsD per tag set (per
+/// `reaped_by`, per `action`). A batch with more leases (or jobs) of one tag
+/// set sends this many of them, spread evenly through them, each with the
+/// sample rate `|@<this>/<their number>`, so the agent scales its counts
+/// back and its percentiles come from a sample across the whole batch; each
+/// tag set is sampled on its own, so a rare one is never crowded out. 100 a
 /// batch is plenty for a median and a 95th percentile, and a storm's 40
 /// batches give 4,000 samples for its p99, while a full lock batch (5,000)
 /// costs 100 lines, about four datagrams, instead of 5,000 (about 190).
@@ -103,19 +105,23 @@ impl Metrics {
     }
 
     /// Records how late each of a batch's reported leases was: every one in
-    /// Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` in StatsD.
+    /// Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` per `reaped_by`
+    /// in StatsD.
     pub fn lease_overdue(&self, backend: &'static str, leases: &[ExpiredLease]) {
-        let (rate, sample) = sampled(leases, MAX_OVERDUE_SAMPLES);
-        for lease in sample {
-            let timer = self
-                .statsd
-                .client
-                .time_with_tags(LEASE_OVERDUE, millis(lease.overdue_millis))
-                .with_tag("backend", backend)
-                .with_tag("reaped_by", lease.reaped_by.as_str());
-            match rate {
-                Some(rate) => timer.with_sampling_rate(rate).send(),
-                None => timer.send(),
+        for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
+            let group: Vec<&ExpiredLease> = leases.iter().filter(|l| l.reaped_by == by).collect();
+            let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
+            for lease in sample {
+                let timer = self
+                    .statsd
+                    .client
+                    .time_with_tags(LEASE_OVERDUE, millis(lease.overdue_millis))
+                    .with_tag("backend", backend)
+                    .with_tag("reaped_by", by.as_str());
+                match rate {
+                    Some(rate) => timer.with_sampling_rate(rate).send(),
+                    None => timer.send(),
+                }
             }
         }
         if let Some(p) = &self.prometheus {
@@ -124,28 +130,26 @@ impl Metrics {
     }
 
     /// Records how late each of a batch's reaped jobs was, by action: every
-    /// one in Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` in StatsD.
+    /// one in Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` per action
+    /// in StatsD. An action apply does not report today is not recorded.
     pub fn job_lease_overdue(&self, backend: &'static str, actions: &[JobAction]) {
-        let (rate, sample) = sampled(actions, MAX_OVERDUE_SAMPLES);
-        for a in sample {
-            let Some(action) = action_name(a) else {
-                continue;
-            };
-            let timer = self
-                .statsd
-                .client
-                .time_with_tags(JOB_LEASE_OVERDUE, millis(a.overdue_millis))
-                .with_tag("backend", backend)
-                .with_tag("action", action);
-            match rate {
-                Some(rate) => timer.with_sampling_rate(rate).send(),
-                None => timer.send(),
+        for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
+            let group: Vec<&JobAction> = actions.iter().filter(|a| a.action == action).collect();
+            let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
+            for a in sample {
+                let timer = self
+                    .statsd
+                    .client
+                    .time_with_tags(JOB_LEASE_OVERDUE, millis(a.overdue_millis))
+                    .with_tag("backend", backend)
+                    .with_tag("action", action);
+                match rate {
+                    Some(rate) => timer.with_sampling_rate(rate).send(),
+                    None => timer.send(),
+                }
             }
-        }
-        if let Some(p) = &self.prometheus {
-            for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
-                let late = actions.iter().filter(|a| a.action == action);
-                p.job_lease_overdue(backend, action, late.map(|a| a.overdue_millis));
+            if let Some(p) = &self.prometheus {
+                p.job_lease_overdue(backend, action, group.iter().map(|a| a.overdue_millis));
             }
         }
     }
@@ -212,14 +216,6 @@ fn sampled<T>(items: &[T], max: usize) -> (Option<f64>, impl Iterator<Item = &T>
     (rate, (0..take).map(move |i| &items[i * n / take]))
 }
 
-/// A job action's fixed name (the tag value), or `None` for one apply does
-/// not report today.
-fn action_name(a: &JobAction) -> Option<&'static str> {
-    [ACTION_RESET, ACTION_DEAD_LETTER]
-        .into_iter()
-        .find(|name| a.action == *name)
-}
-
 /// `overdueMillis` as a timer value; a lease the database's clock saw as not
 /// yet due (a clock step) counts as on time.
 fn millis(overdue_millis: i64) -> u64 {
@@ -232,7 +228,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::model::ReapedBy;
 
     fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
         (0..n)
@@ -318,6 +313,47 @@ mod tests {
                 "lock.lease.overdue:1|ms|#backend:pg,reaped_by:takeover".to_owned(),
                 "lock.lease.expired:2|c|#backend:pg".to_owned(),
             ])
+            .collect();
+        assert_eq!(lines, expected);
+    }
+
+    #[test]
+    fn a_full_job_batch_sends_sampled_timers_tagged_by_action() {
+        let (metrics, socket) = metrics_to_listener();
+        let actions: Vec<JobAction> = (0..10_000)
+            .map(|i| JobAction {
+                action: if i % 2 == 0 {
+                    ACTION_RESET
+                } else {
+                    ACTION_DEAD_LETTER
+                }
+                .into(),
+                job_id: format!("j{i}"),
+                attempts: 1,
+                job_kind: "mail".into(),
+                lease_owner: None,
+                max_attempts: 5,
+                overdue_millis: i,
+                backoff_sec: None,
+                dead_letter: None,
+            })
+            .collect();
+        metrics.job_lease_overdue("pg", &actions);
+        assert!(metrics.finish(), "delivered to loopback");
+
+        let lines = receive(&socket, 2 * MAX_OVERDUE_SAMPLES);
+        // Each action sampled on its own: 100 of its 5,000 (every 50th of
+        // them), though the actions alternate.
+        let expected: Vec<String> = [(ACTION_RESET, 0), (ACTION_DEAD_LETTER, 1)]
+            .into_iter()
+            .flat_map(|(action, first)| {
+                (0..MAX_OVERDUE_SAMPLES).map(move |i| {
+                    format!(
+                        "queue.lease.overdue:{}|ms|@0.02|#backend:pg,action:{action}",
+                        first + i * 100
+                    )
+                })
+            })
             .collect();
         assert_eq!(lines, expected);
     }

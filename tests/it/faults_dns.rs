@@ -72,9 +72,23 @@ async fn a_silent_dns_server_never_delays_a_sweep_and_the_counts_arrive_once_it_
             ("STATSD_PORT", &port),
         ],
     );
-    daemon
-        .wait_for_event("sweeper_started", Duration::from_secs(30))
-        .await;
+    // unshare or mount failing (no CAP_SYS_ADMIN in a container) ends the
+    // process at once: say so with its output rather than time out.
+    poll(Duration::from_secs(30), "the daemon to start", async || {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            panic!(
+                "the daemon in its own mount namespace exited ({status}); unshare --mount \
+                 and mount --bind need root with CAP_SYS_ADMIN:\n{}",
+                daemon.lines().join("\n")
+            );
+        }
+        if events(&daemon.lines(), "sweeper_started").is_empty() {
+            Err(String::new())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
 
     // Steady expiries while every lookup goes unanswered.
     let mut ticks = tokio::time::interval(TICK);
