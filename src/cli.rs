@@ -74,7 +74,7 @@ pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
     },
     EnvVar {
         names: &["STATSD_HOST"],
-        meaning: "StatsD agent host; resolved when sending and again after failures",
+        meaning: "StatsD agent host; resolved by a background sender, never on the sweep's path, and again after failures",
         default: "127.0.0.1",
         read_by: &["run", "check"],
     },
@@ -238,6 +238,9 @@ OUTPUT:
 METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per sweep):
   lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
   queue.lease.reaped:N|c|#backend:pg,action:A   queue.lease.stale.current:N|g|#backend:pg
+  lock.lease.overdue:MS|ms|@R|#backend:pg,reaped_by:B   (lateness timers: at most 100
+  queue.lease.overdue:MS|ms|@R|#backend:pg,action:A      a batch per tag set; @R only
+                                                         when sampled)
 
 SIGNALS:
   SIGTERM, SIGINT   no new sweep; the batch in flight commits (or after 2 s rolls back);

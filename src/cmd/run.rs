@@ -88,7 +88,10 @@ pub async fn run() -> anyhow::Result<()> {
             shutdown.clone()
         ),
     );
-    // Each loop flushed StatsD as it stopped.
     notifier.stopping();
+    // Each loop handed its last counts over as it stopped; the sender gets a
+    // short bound to deliver them (a dead DNS server must not hold the exit;
+    // what it could not send was already warned about as statsd_unavailable).
+    let _delivered = tokio::task::spawn_blocking(move || metrics.finish()).await;
     Ok(())
 }

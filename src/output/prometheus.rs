@@ -1,14 +1,17 @@
 //! The Prometheus series: their names, help texts, labels and values, and
 //! their rendering in the text exposition format that `GET /metrics` serves.
 //!
-//! Owns the Prometheus half of the metric contract: the four signal series
+//! Owns the Prometheus half of the metric contract: the six signal series
 //! carry exactly the StatsD names and tag sets, in Prometheus's spelling
-//! (`lock.lease.expired` → `lock_lease_expired_total{backend}`), and the
-//! daemon's own health series (build, failed passes, last success, pass
-//! duration) follow Prometheus's conventions (`_total`, `_seconds`, base
-//! units). Label values are only ever the backend, the action and the
-//! service, all fixed strings: no key, owner or token ever becomes a label,
-//! so the number of series is fixed too.
+//! (`lock.lease.expired` → `lock_lease_expired_total{backend}`,
+//! `lock.lease.overdue` in ms → `lock_lease_overdue_seconds{backend,reaped_by}`),
+//! and the daemon's own health series (build, failed passes, last success,
+//! pass duration) follow Prometheus's conventions (`_total`, `_seconds`,
+//! base units). Label values are only ever the backend, how a lease was
+//! reaped, the action and the service, all fixed strings: no key, owner or
+//! token ever becomes a label, so the number of series is fixed too. The
+//! lateness histograms observe every lease and job (StatsD samples them;
+//! Prometheus buckets cost the same for one observation or a million).
 //!
 //! It does not listen (`output::scrape` serves what `render` returns) and it
 //! does not decide when a value changes (`output::metrics` is called by the
@@ -21,6 +24,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::model::{ExpiredLease, ReapedBy};
 use metrics::{Key, Label, Level, Metadata, Recorder as _, Unit};
 use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
@@ -36,6 +40,13 @@ pub const HELD_CURRENT: &str = "lock_held_current";
 pub const JOB_LEASE_REAPED: &str = "queue_lease_reaped_total";
 /// Stale job leases seen after the last job pass. Labels: `backend`.
 pub const JOB_STALE_CURRENT: &str = "queue_lease_stale_current";
+/// How late each reported lease was: its `overdueMillis`, in seconds, one
+/// observation per `lease_expired` line. Labels: `backend`, `reaped_by`
+/// (`sweep` or `takeover`).
+pub const LEASE_OVERDUE: &str = "lock_lease_overdue_seconds";
+/// How late each reaped job lease was: its `overdueMillis`, in seconds, one
+/// observation per `job_lease_expired` line. Labels: `backend`, `action`.
+pub const JOB_LEASE_OVERDUE: &str = "queue_lease_overdue_seconds";
 /// Always 1; the label says which build is running. Labels: `version`.
 pub const BUILD_INFO: &str = "lease_sweeper_build_info";
 /// Passes that failed (the database was down, a statement failed). Labels:
@@ -52,6 +63,17 @@ pub const PASS_DURATION: &str = "lease_sweeper_pass_duration_seconds";
 /// the "no successful pass" alert speak first.
 const PASS_DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Buckets of `LEASE_OVERDUE` and `JOB_LEASE_OVERDUE`, in seconds. A healthy
+/// signal is late by up to one sweep delay (1 s) plus the pass in flight, so
+/// 0-1.1 s: 0.1-1 split that range (a p50 near 0.5 s is health), 1.25 and 1.5
+/// tell a busy sweep from one held up (the lateness alert fires above 1.5 s),
+/// 2-10 s measure a storm or a stall (a drain of 200,000 leases, a lookup or
+/// a lock wait on the sweep's path), and 30-300 s a sweeper that was down
+/// (a restart, an outage) or a job lease reaped only once its gates opened.
+const OVERDUE_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Where a series was registered from, as the `metrics` crate asks to know.
@@ -71,6 +93,10 @@ impl Exposition {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(PASS_DURATION.into()), &PASS_DURATION_BUCKETS)
             .expect("the pass-duration buckets are a non-empty constant")
+            .set_buckets_for_metric(Matcher::Full(LEASE_OVERDUE.into()), &OVERDUE_BUCKETS)
+            .expect("the lateness buckets are a non-empty constant")
+            .set_buckets_for_metric(Matcher::Full(JOB_LEASE_OVERDUE.into()), &OVERDUE_BUCKETS)
+            .expect("the lateness buckets are a non-empty constant")
             .build_recorder();
         for (name, unit, help) in [
             (
@@ -92,6 +118,16 @@ impl Exposition {
                 JOB_STALE_CURRENT,
                 None,
                 "Stale job leases seen after the last job pass.",
+            ),
+            (
+                LEASE_OVERDUE,
+                Some(Unit::Seconds),
+                "How late each reported lock lease was (its overdueMillis), by how it was reaped: one observation per lease_expired line.",
+            ),
+            (
+                JOB_LEASE_OVERDUE,
+                Some(Unit::Seconds),
+                "How late each reaped job lease was (its overdueMillis), by action: one observation per job_lease_expired line.",
             ),
             (
                 BUILD_INFO,
@@ -142,20 +178,87 @@ impl Exposition {
         self.recorder.register_gauge(&key(name, labels), &METADATA)
     }
 
+    fn histogram(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+    ) -> metrics::Histogram {
+        self.recorder
+            .register_histogram(&key(name, labels), &METADATA)
+    }
+
     /// Adds `n` (zero included: the series then exists from the first
     /// scrape, which `rate` and `increase` need) to `lock_lease_expired_total`.
+    /// Zero also registers the lateness histograms of both ways of reaping.
     pub fn lease_expired(&self, backend: &'static str, n: u64) {
         self.counter(LEASE_EXPIRED, &[("backend", backend)])
             .increment(n);
+        if n == 0 {
+            for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
+                // Registered is enough: it renders with count 0.
+                let _ = self.lease_overdue_histogram(backend, by);
+            }
+        }
     }
 
-    /// Adds `n` (zero included) to `queue_lease_reaped_total` for one action.
+    /// Adds `n` (zero included) to `queue_lease_reaped_total` for one action;
+    /// zero also registers that action's lateness histogram.
     pub fn job_lease_reaped(&self, backend: &'static str, action: &'static str, n: u64) {
         self.counter(
             JOB_LEASE_REAPED,
             &[("backend", backend), ("action", action)],
         )
         .increment(n);
+        if n == 0 {
+            let _ = self.histogram(
+                JOB_LEASE_OVERDUE,
+                &[("backend", backend), ("action", action)],
+            );
+        }
+    }
+
+    fn lease_overdue_histogram(&self, backend: &'static str, by: ReapedBy) -> metrics::Histogram {
+        self.histogram(
+            LEASE_OVERDUE,
+            &[("backend", backend), ("reaped_by", by.as_str())],
+        )
+    }
+
+    /// Observes each lease's lateness in `lock_lease_overdue_seconds`.
+    pub fn lease_overdue(&self, backend: &'static str, leases: &[ExpiredLease]) {
+        if leases.is_empty() {
+            return;
+        }
+        let sweep = self.lease_overdue_histogram(backend, ReapedBy::Sweep);
+        let takeover = self.lease_overdue_histogram(backend, ReapedBy::Takeover);
+        for lease in leases {
+            let histogram = match lease.reaped_by {
+                ReapedBy::Sweep => &sweep,
+                ReapedBy::Takeover => &takeover,
+            };
+            histogram.record(seconds(lease.overdue_millis));
+        }
+        // A drain observes 5,000 a batch: fold them into the buckets now,
+        // not at the end of the pass, so memory stays flat however long it is.
+        self.handle.run_upkeep();
+    }
+
+    /// Observes the lateness of one action's jobs in
+    /// `queue_lease_overdue_seconds`.
+    pub fn job_lease_overdue(
+        &self,
+        backend: &'static str,
+        action: &'static str,
+        overdue_millis: impl IntoIterator<Item = i64>,
+    ) {
+        let histogram = self.histogram(
+            JOB_LEASE_OVERDUE,
+            &[("backend", backend), ("action", action)],
+        );
+        for millis in overdue_millis {
+            histogram.record(seconds(millis));
+        }
+        self.handle.run_upkeep();
     }
 
     pub fn held_current(&self, backend: &'static str, held: u64) {
@@ -206,6 +309,12 @@ impl Default for Exposition {
     }
 }
 
+/// Milliseconds late as seconds; a lease the database's clock saw as not yet
+/// due (a clock step) counts as on time.
+fn seconds(overdue_millis: i64) -> f64 {
+    overdue_millis.max(0) as f64 / 1_000.0
+}
+
 fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
     Key::from_parts(
         name,
@@ -223,7 +332,9 @@ mod tests {
     #[test]
     fn every_series_is_typed_described_and_labelled_by_the_fixed_sets() {
         let e = Exposition::new();
+        e.lease_expired("pg", 0);
         e.lease_expired("pg", 3);
+        e.job_lease_reaped("pg", "moved_to_dead_letter", 0);
         e.job_lease_reaped("pg", "moved_to_dead_letter", 2);
         e.held_current("pg", 4);
         e.stale_jobs_current("pg", 0);
@@ -248,6 +359,11 @@ mod tests {
             "# TYPE lease_sweeper_pass_duration_seconds histogram",
             "lease_sweeper_pass_duration_seconds_count{service=\"lock_sweeper\"} 2",
             "lease_sweeper_pass_duration_seconds_bucket{service=\"lock_sweeper\",le=\"0.005\"} 1",
+            "# TYPE lock_lease_overdue_seconds histogram",
+            "lock_lease_overdue_seconds_count{backend=\"pg\",reaped_by=\"sweep\"} 0",
+            "lock_lease_overdue_seconds_count{backend=\"pg\",reaped_by=\"takeover\"} 0",
+            "# TYPE queue_lease_overdue_seconds histogram",
+            "queue_lease_overdue_seconds_count{backend=\"pg\",action=\"moved_to_dead_letter\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -256,7 +372,56 @@ mod tests {
         }
         let help = text.lines().filter(|l| l.starts_with("# HELP ")).count();
         let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
-        assert_eq!((help, types), (8, 8), "{text}");
+        assert_eq!((help, types), (10, 10), "{text}");
+    }
+
+    fn lease(overdue_millis: i64, reaped_by: ReapedBy) -> ExpiredLease {
+        ExpiredLease {
+            lock_key: "secret-key".into(),
+            owner_id: "secret-owner".into(),
+            token: 987_654,
+            expired_at_millis: 0,
+            overdue_millis,
+            reaped_by,
+        }
+    }
+
+    #[test]
+    fn lateness_is_observed_per_lease_in_the_buckets_of_its_way_of_reaping() {
+        let e = Exposition::new();
+        e.lease_overdue(
+            "pg",
+            &[
+                lease(40, ReapedBy::Sweep),
+                lease(600, ReapedBy::Sweep),
+                lease(1_400, ReapedBy::Sweep),
+                lease(-3, ReapedBy::Takeover),
+            ],
+        );
+        e.job_lease_overdue("pg", "reset_to_retry_waiting", [2_500, 70_000]);
+        let text = e.render();
+
+        for line in [
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"0.1\"} 1",
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"0.75\"} 2",
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"1.25\"} 2",
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"1.5\"} 3",
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"300\"} 3",
+            "lock_lease_overdue_seconds_bucket{backend=\"pg\",reaped_by=\"sweep\",le=\"+Inf\"} 3",
+            "lock_lease_overdue_seconds_sum{backend=\"pg\",reaped_by=\"sweep\"} 2.04",
+            "lock_lease_overdue_seconds_count{backend=\"pg\",reaped_by=\"takeover\"} 1",
+            "lock_lease_overdue_seconds_sum{backend=\"pg\",reaped_by=\"takeover\"} 0",
+            "queue_lease_overdue_seconds_bucket{backend=\"pg\",action=\"reset_to_retry_waiting\",le=\"3\"} 1",
+            "queue_lease_overdue_seconds_bucket{backend=\"pg\",action=\"reset_to_retry_waiting\",le=\"60\"} 1",
+            "queue_lease_overdue_seconds_count{backend=\"pg\",action=\"reset_to_retry_waiting\"} 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        assert!(!text.contains("secret"), "a key or owner became a label");
+        assert!(!text.contains("987654"), "a token became a label");
     }
 
     #[test]

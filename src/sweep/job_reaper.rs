@@ -124,9 +124,11 @@ impl JobReaper {
         let mut drain = Drain::new(JOB_BATCH_SIZE as usize);
         while refusal.is_none() && drain.go_on(cancel) {
             self.note_gate(None);
-            let events = &mut self.events;
+            let (events, metrics) = (&mut self.events, &self.metrics);
             let mut report = |actions: &[JobAction]| {
-                events.warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))
+                events
+                    .warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))
+                    .inspect(|()| metrics.job_lease_overdue(BACKEND, actions))
             };
             match self
                 .queue
@@ -174,9 +176,10 @@ impl JobReaper {
     async fn recover(&mut self, outcome: &mut JobOutcome) -> Result<(), StoreError> {
         loop {
             let (mut reset, mut dead) = (0, 0);
-            let events = &mut self.events;
+            let (events, metrics) = (&mut self.events, &self.metrics);
             let mut report = |actions: &[JobAction]| {
                 events.warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))?;
+                metrics.job_lease_overdue(BACKEND, actions);
                 for a in actions {
                     if a.action == ACTION_DEAD_LETTER {
                         dead += 1;

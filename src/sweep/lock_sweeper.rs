@@ -84,12 +84,13 @@ impl<S: LockStore> LockSweeper<S> {
             let mut drain = Drain::new(BATCH_SIZE);
             while drain.go_on(cancel) {
                 let before = outcome.swept + outcome.taken_over;
-                let events = &mut self.events;
+                let (events, metrics) = (&mut self.events, &self.metrics);
                 // Counted as written: a batch whose lines another sweeper
                 // wrote (it recovered the hand-off first) counts there.
                 let (swept, taken_over) = (&mut outcome.swept, &mut outcome.taken_over);
                 let mut report = |leases: &[ExpiredLease]| {
                     events.lease_expired(backend, leases)?;
+                    metrics.lease_overdue(backend, leases);
                     for lease in leases {
                         match lease.reaped_by {
                             ReapedBy::Sweep => *swept += 1,

@@ -100,9 +100,9 @@ fn the_units_timeouts_match_the_daemons_bounds() {
         "exit 2 = configuration error"
     );
     assert_eq!(directive("EnvironmentFile"), "-/etc/lease-sweeper/env");
-    // After SIGTERM: DRAIN_GRACE for the batch in flight, then up to two
-    // StatsD flushes that may each wait on DNS (2 s). Stopping must be
-    // allowed to take that, with room, before systemd resorts to SIGKILL.
+    // After SIGTERM: DRAIN_GRACE for the batch in flight, then up to 1 s for
+    // the StatsD sender to deliver what is left. Stopping must be allowed to
+    // take that, with room, before systemd resorts to SIGKILL.
     let stop = Duration::from_secs(seconds(directive("TimeoutStopSec")));
     let drain_bound = DRAIN_GRACE + Duration::from_secs(4);
     assert!(
