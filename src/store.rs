@@ -50,6 +50,8 @@ pub trait LockStore: Send {
 pub enum Work {
     LockLeases,
     JobQueue,
+    /// The xmin horizon check (`sweep::horizon`), which reads catalogs only.
+    Horizon,
 }
 
 impl fmt::Display for Work {
@@ -57,6 +59,7 @@ impl fmt::Display for Work {
         f.write_str(match self {
             Work::LockLeases => "lock leases",
             Work::JobQueue => "job queue",
+            Work::Horizon => "xmin horizon check",
         })
     }
 }

@@ -24,6 +24,11 @@ pub const HELD_CURRENT: &str = "lock.held.current";
 pub const JOB_LEASE_REAPED: &str = "queue.lease.reaped";
 /// Stale job leases seen by the dry run. Tags: `backend`.
 pub const JOB_STALE_CURRENT: &str = "queue.lease.stale.current";
+/// How long the oldest holder of the database's xmin horizon has held it,
+/// in seconds (0 when nothing does). No tags.
+pub const XMIN_HORIZON_AGE: &str = "pg.xmin_horizon.age_seconds";
+/// Dead rows (`n_dead_tup`) of a swept table. Tags: `table`.
+pub const DEAD_ROWS_CURRENT: &str = "pg.dead_rows.current";
 
 /// The daemon's metrics. Cloning shares them.
 #[derive(Clone)]
@@ -99,6 +104,25 @@ impl Metrics {
             .send();
         if let Some(p) = &self.prometheus {
             p.stale_jobs_current(backend, stale);
+        }
+    }
+
+    /// The horizon check's answer: the oldest holder's age and each
+    /// table's dead rows (`table` is `lock_entry` or `job_queue`).
+    pub fn horizon(&self, age: Duration, dead: &[(&'static str, u64)]) {
+        self.statsd
+            .client
+            .gauge_with_tags(XMIN_HORIZON_AGE, age.as_secs_f64())
+            .send();
+        for &(table, rows) in dead {
+            self.statsd
+                .client
+                .gauge_with_tags(DEAD_ROWS_CURRENT, rows)
+                .with_tag("table", table)
+                .send();
+        }
+        if let Some(p) = &self.prometheus {
+            p.horizon(age, dead);
         }
     }
 
