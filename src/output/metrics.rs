@@ -107,12 +107,13 @@ impl Metrics {
         }
     }
 
-    /// The horizon check's answer: the oldest holder's age and each
-    /// table's dead rows (`table` is `lock_entry` or `job_queue`).
+    /// The horizon check's answer: the oldest holder's age (whole seconds in
+    /// both sinks) and each table's dead rows (`table` is `lock_entry` or
+    /// `job_queue`).
     pub fn horizon(&self, age: Duration, dead: &[(&'static str, u64)]) {
         self.statsd
             .client
-            .gauge_with_tags(XMIN_HORIZON_AGE, age.as_secs_f64())
+            .gauge_with_tags(XMIN_HORIZON_AGE, age.as_secs())
             .send();
         for &(table, rows) in dead {
             self.statsd

@@ -186,7 +186,7 @@ impl Exposition {
 
     /// The horizon check's gauges.
     pub fn horizon(&self, age: Duration, dead: &[(&'static str, u64)]) {
-        self.gauge(XMIN_HORIZON_AGE, &[]).set(age.as_secs_f64());
+        self.gauge(XMIN_HORIZON_AGE, &[]).set(age.as_secs() as f64);
         for &(table, rows) in dead {
             self.gauge(DEAD_ROWS_CURRENT, &[("table", table)])
                 .set(rows as f64);

@@ -19,6 +19,7 @@ mod faults_statsd;
 mod faults_support;
 mod held_count;
 mod holes;
+mod horizon;
 mod hostile;
 mod job_lease_duration_claims;
 mod job_lease_duration_cli;
