@@ -58,6 +58,18 @@ SELECT pg_catalog.pg_stat_get_dead_tuples(pg_catalog.to_regclass('lock_entry')),
        pg_catalog.pg_stat_get_dead_tuples(pg_catalog.to_regclass('job_queue')),
        pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')";
 
+/// Whether this role sees every session in full: the preflight's question.
+pub const READS_ALL_STATS: &str = "SELECT pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE')";
+
+/// `READS_ALL_STATS`, for `cmd::check` (which runs it in its own guarded
+/// transaction).
+pub async fn reads_all_stats(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(READS_ALL_STATS)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
+}
+
 /// Most holders one check returns, oldest horizon first: enough to name the
 /// culprits, bounded so a busy server never floods a line per session.
 pub const MAX_HOLDERS: i64 = 8;

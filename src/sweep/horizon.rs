@@ -41,9 +41,9 @@ pub const HOLD_AFTER: Duration = Duration::from_secs(15);
 pub const HELD_REPEAT: Duration = Duration::from_secs(60);
 
 /// The WARN line naming a holder.
-pub const HELD: &str = "xmin_horizon_held";
+pub const XMIN_HORIZON_HELD: &str = "xmin_horizon_held";
 /// The INFO line saying a named hold ended.
-pub const RELEASED: &str = "xmin_horizon_released";
+pub const XMIN_HORIZON_RELEASED: &str = "xmin_horizon_released";
 
 /// The `table` tag values of `pg.dead_rows.current`.
 const LOCK_ENTRY: &str = "lock_entry";
@@ -155,8 +155,8 @@ impl<S: HorizonSource> HorizonCheck<S> {
         let lines = step.held.len() + step.released.len();
         // Metrics and lines are best effort here: a check is no batch to
         // roll back, and the next pass says it again.
-        let _ = self.events.warn_lines(HELD, step.held);
-        let _ = self.events.info_lines(RELEASED, step.released);
+        let _ = self.events.warn_lines(XMIN_HORIZON_HELD, step.held);
+        let _ = self.events.info_lines(XMIN_HORIZON_RELEASED, step.released);
         Ok(HorizonOutcome {
             held: self.seen.values().filter(|s| s.warned.is_some()).count(),
             lines,
@@ -426,9 +426,9 @@ mod tests {
         assert_eq!(
             seq,
             [
-                ("warn", HELD, "20"),
-                ("warn", HELD, "80"),
-                ("info", RELEASED, "90")
+                ("warn", XMIN_HORIZON_HELD, "20"),
+                ("warn", XMIN_HORIZON_HELD, "80"),
+                ("info", XMIN_HORIZON_RELEASED, "90")
             ]
         );
     }

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use lease_sweeper::testing::check::{Status, preflight};
+use lease_sweeper::testing::config::DbTarget;
 use lease_sweeper::testing::throwaway::{StopMode, ThrowawayPg};
 use sqlx::{Connection as _, PgConnection};
 
@@ -371,5 +373,29 @@ async fn without_pg_read_all_stats_the_holder_is_still_named_and_what_is_hidden_
     assert_eq!(partial[0]["level"], "warn");
     assert_eq!(partial[0]["missing"], "pg_read_all_stats");
     stop_and_count(&mut daemon, 1, 1).await;
+
+    // The preflight says the same as a warning, and no more once granted.
+    let view = async |url: &str| {
+        let target = DbTarget::from_url("LOCKDB_URL", url).unwrap();
+        let report = preflight(&target, &statsd.target()).await;
+        let line = report
+            .lines
+            .into_iter()
+            .find(|l| l.what == "horizon check's view of sessions")
+            .expect("a horizon line");
+        (line.status, line.detail)
+    };
+    let (status, detail) = view(&sweeper.url).await;
+    assert_eq!(status, Status::Warn, "{detail}");
+    assert!(
+        detail.contains("GRANT pg_read_all_stats TO lease_sweeper"),
+        "{detail}"
+    );
+    exec(
+        &mut admin,
+        &format!("GRANT pg_read_all_stats TO {}", sweeper.role),
+    )
+    .await;
+    assert_eq!(view(&sweeper.url).await.0, Status::Ok);
     sweeper.drop(&mut admin).await;
 }
