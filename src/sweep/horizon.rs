@@ -30,7 +30,7 @@ use crate::sweep::{Outcome, Service};
 /// costs two catalog reads where a sweep-rate check would cost ten.
 pub const HORIZON_DELAY: Duration = Duration::from_secs(10);
 
-/// How old a horizon must be before its holder is named. The lock server's
+/// How long a horizon must stand still before its holder is named. The lock server's
 /// transactions and the sweeper's own last milliseconds; one 15 s old has
 /// kept fifteen sweeps' dead rows. Longer than a standby's default feedback
 /// interval (`wal_receiver_status_interval`, 10 s), so a healthy standby
@@ -153,8 +153,9 @@ impl<S: HorizonSource> HorizonCheck<S> {
             ],
         );
         let lines = step.held.len() + step.released.len();
-        // Metrics and lines are best effort here: a check is no batch to
-        // roll back, and the next pass says it again.
+        // A check has nothing to roll back, and a stdout that refuses lines
+        // fails the lock sweep too, which says so (`sweep_failed`); the
+        // hold is named again after `HELD_REPEAT`.
         let _ = self.events.warn_lines(XMIN_HORIZON_HELD, step.held);
         let _ = self.events.info_lines(XMIN_HORIZON_RELEASED, step.released);
         Ok(HorizonOutcome {
@@ -181,13 +182,19 @@ impl<S: HorizonSource> HorizonCheck<S> {
                 seen.xid = h.horizon_xid.clone();
                 seen.since = now;
             }
+            let observed = now.saturating_duration_since(seen.since);
             let (age, age_from) = match h.held_seconds {
-                Some(s) => (Duration::from_secs_f64(s.max(0.0)), "server"),
-                None => (now.saturating_duration_since(seen.since), "first_seen"),
+                Some(secs) => (Duration::from_secs_f64(secs.max(0.0)), "server"),
+                None => (observed, "first_seen"),
             };
-            step.oldest = step.oldest.max(age);
-            let holds =
-                age >= HOLD_AFTER && h.xid_age > 0 && (dead.lock_entry > 0 || dead.job_queue > 0);
+            // Held is what the check saw hold still: a transaction's age
+            // alone is not its horizon's (a READ COMMITTED one takes a new
+            // snapshot per statement, and its horizon moves with it).
+            let steady = age.min(observed);
+            step.oldest = step.oldest.max(steady);
+            let holds = steady >= HOLD_AFTER
+                && h.xid_age > 0
+                && (dead.lock_entry > 0 || dead.job_queue > 0);
             if holds {
                 seen.held_seconds = age.as_secs();
                 if seen
@@ -477,12 +484,20 @@ mod tests {
     #[tokio::test]
     async fn a_moving_horizon_or_no_dead_rows_is_not_a_hold() {
         let t0 = Instant::now();
-        let mut clean = answer(vec![worker("731")]);
+        // A READ COMMITTED transaction five minutes old: a new snapshot,
+        // so a new horizon, at every check.
+        let moving = |xid: &str| {
+            let mut h = worker(xid);
+            h.held_seconds = Some(300.0);
+            h
+        };
+        // Then standing still for 20 s, but with no dead row to keep.
+        let mut clean = answer(vec![worker("733")]);
         clean.dead = DeadRows::default();
         let (mut c, log) = check(vec![
-            answer(vec![worker("731")]),
-            answer(vec![worker("732")]),
-            answer(vec![worker("733")]),
+            answer(vec![moving("731")]),
+            answer(vec![moving("732")]),
+            answer(vec![moving("733")]),
             clean,
         ]);
         for s in [0, 10, 20, 40] {
