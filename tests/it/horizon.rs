@@ -3,7 +3,8 @@
 //! forgotten transaction, a prepared transaction, an abandoned replication
 //! slot; a hostile application_name or gid stays one escaped value; a role
 //! without pg_read_all_stats still names the holder and says what it cannot
-//! see. Real holders on a real server, the real binary.
+//! see; a check refused by the server says why once while sweeps go on.
+//! Real holders on a real server, the real binary.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -397,5 +398,47 @@ async fn without_pg_read_all_stats_the_holder_is_still_named_and_what_is_hidden_
     )
     .await;
     assert_eq!(view(&sweeper.url).await.0, Status::Ok);
+    sweeper.drop(&mut admin).await;
+}
+
+#[tokio::test]
+async fn a_denied_check_says_why_once_and_the_sweeps_go_on() {
+    let db = TestDb::new().await;
+    let mut admin = db.connect().await;
+    let sweeper = LoginRole::create(&db, &mut admin, "denied", GRANTED).await;
+    // A view the check reads, taken from PUBLIC in this database only.
+    exec(
+        &mut admin,
+        "REVOKE SELECT ON pg_catalog.pg_prepared_xacts FROM PUBLIC",
+    )
+    .await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let (mut daemon, addr) = daemon_with_endpoint(&daemon_env(&sweeper.url, &port)).await;
+    let failures = "lease_sweeper_pass_failures_total{service=\"horizon_check\"}";
+    wait_until(WAIT, "two failed horizon checks", || async {
+        value(&scrape(addr).await, failures).is_some_and(|n| n >= 2.0)
+    })
+    .await;
+    sweep_leases(&mut admin, &daemon).await;
+
+    let failed = events(&daemon.lines(), "horizon_check_failed");
+    assert_eq!(failed.len(), 1, "said once: {failed:#?}");
+    assert!(
+        failed[0]["error"].starts_with("xmin horizon check: `HOLDERS` failed: ")
+            && failed[0]["error"].contains("permission denied for view pg_prepared_xacts")
+            && failed[0]["error"].contains("SQLSTATE 42501"),
+        "{failed:#?}"
+    );
+    exec(
+        &mut admin,
+        "GRANT SELECT ON pg_catalog.pg_prepared_xacts TO PUBLIC",
+    )
+    .await;
+    daemon.wait_for_event("horizon_check_recovered", WAIT).await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(events(&lines, "sweep_failed").is_empty(), "{lines:#?}");
+    assert_eq!(events(&lines, "lease_expired").len(), LEASES);
     sweeper.drop(&mut admin).await;
 }
