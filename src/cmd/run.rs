@@ -3,7 +3,7 @@
 //! Owns wiring the services to their connections (the horizon check too,
 //! outside the watchdog's set of loops), the signal lines,
 //! StatsD, the scrape endpoint when it is asked for, systemd and the
-//! shutdown signal, then waiting for both loops to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
+//! shutdown signal, then waiting for every loop to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
