@@ -223,6 +223,9 @@ OUTPUT:
     ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
         overdueMillis=MS backend=pg reapedBy=sweep|takeover ownerId=O
   One line per stale job lease acted on: level=warn message=job_lease_expired jobId=...
+  One line per holder of the xmin horizon keeping dead rows of lock_entry/job_queue,
+  every 60 s while it holds (level=warn message=xmin_horizon_held holder=... pid=...
+  applicationName=... slotName=... gid=...), and xmin_horizon_released when it ends.
   Diagnostics (docs/metrics-and-logs.md), from two independent loops, each on its own
   connection: the lock sweeper (sweep_*) and the job reaper (job_reap_*):
     starting, systemd_notify_enabled, sweeper_started, job_reaper_started
@@ -234,6 +237,10 @@ OUTPUT:
     sweep_abandoned_at_shutdown, job_reap_abandoned_at_shutdown (a batch still running
       2 s after the signal rolls back)
     sweeper_stopped, job_reaper_stopped
+  A third loop, the horizon check (horizon_check_*, every 10 s, its own connection,
+  never part of a sweep): horizon_check_started, horizon_check_failed /
+  horizon_check_recovered, xmin_horizon_partial_view (no pg_read_all_stats, once),
+  horizon_check_abandoned_at_shutdown, horizon_check_stopped
 
 METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per sweep):
   lock.lease.expired:N|c|#backend:pg            lock.held.current:N|g|#backend:pg
@@ -241,6 +248,7 @@ METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per s
   lock.lease.overdue:MS|ms|@R|#backend:pg,reaped_by:B   (lateness timers: at most 100
   queue.lease.overdue:MS|ms|@R|#backend:pg,action:A      a batch per tag set; @R only
                                                          when sampled)
+  pg.xmin_horizon.age_seconds:S|g               pg.dead_rows.current:N|g|#table:lock_entry
 
 SIGNALS:
   SIGTERM, SIGINT   no new sweep; the batch in flight commits (or after 2 s rolls back);
@@ -308,18 +316,22 @@ DESCRIPTION:
     definer functions' owner, overloads of built-ins
                  a superuser owning the definer functions is a warning; a built-in's
                  overload planted on the search path by another role is a FAIL
+    horizon check's view of sessions
+                 whether the role reads all statistics (pg_read_all_stats); without it a
+                 warning: the horizon check names holders with less about other roles'
+                 sessions
     statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
   Each line is ok, warn (works, but worth acting on: a superuser role, a superuser owning
-  the definer functions, no target set at all, a newer schema) or FAIL; every FAIL line
-  says what to do. Nothing is changed; the password is never printed.
+  the definer functions, no target set at all, a newer schema, no pg_read_all_stats) or
+  FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
   ok    migrations: all 13 applied (latest 20261202000200)
   FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
-  check FAILED: 1 of 60 checks failed (see the FAIL lines above); the migrated role
+  check FAILED: 1 of 61 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
-  A database that passes ends with: check passed: all 60 checks ok
+  A database that passes ends with: check passed: all 61 checks ok
   A database never migrated gets one line for its migrations, objects and grants:
   FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 

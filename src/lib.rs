@@ -5,8 +5,9 @@
 //! Layers; imports point down, never up, and no two modules import each
 //! other (within a layer a module may use a sibling below it):
 //! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
-//! - `sweep`: the two independent services (`lock_sweeper`, `job_reaper`)
-//!   and the one loop that runs each (`sweep::run`).
+//! - `sweep`: the independent services (`lock_sweeper`, `job_reaper`, and
+//!   `horizon`, which watches the xmin horizon) and the one loop that runs
+//!   each (`sweep::run`).
 //! - `pg`: connections, the schema, and each table's statements.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` seam and its error), `model` (the

@@ -50,6 +50,15 @@ impl Progress {
 }
 
 impl Beat {
+    /// A beat nobody watches: for a loop that must not feed the watchdog
+    /// (the horizon check, which runs every 10 s and never sweeps).
+    pub fn unwatched() -> Self {
+        Self {
+            passes: watch::Sender::new(vec![0]),
+            slot: 0,
+        }
+    }
+
     /// One more pass of this loop.
     pub fn beat(&self) {
         self.passes.send_modify(|p| p[self.slot] += 1);

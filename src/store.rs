@@ -58,6 +58,8 @@ pub trait LockStore: Send {
 pub enum Work {
     LockLeases,
     JobQueue,
+    /// The xmin horizon check (`sweep::horizon`), which reads catalogs only.
+    Horizon,
 }
 
 impl fmt::Display for Work {
@@ -65,6 +67,7 @@ impl fmt::Display for Work {
         f.write_str(match self {
             Work::LockLeases => "lock leases",
             Work::JobQueue => "job queue",
+            Work::Horizon => "xmin horizon check",
         })
     }
 }

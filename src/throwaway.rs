@@ -38,6 +38,9 @@ const SETTINGS: &[(&str, &str)] = &[
     ("synchronous_commit", "off"),
     ("full_page_writes", "off"),
     ("max_connections", "200"),
+    // Lets tests leave a prepared transaction behind (a standby needs at
+    // least its primary's value, and gets the same defaults).
+    ("max_prepared_transactions", "10"),
     ("unix_socket_permissions", "0777"),
 ];
 

@@ -503,7 +503,7 @@ def macro_body(text, start):
     return text[start:i - 1]
 
 
-SIGNAL_CONST = re.compile(r"warn_lines\(\s*([A-Z][A-Z0-9_]*)")
+SIGNAL_CONST = re.compile(r"(?:warn|info)_lines\(\s*([A-Z][A-Z0-9_]*)")
 SERVICE_CONST = re.compile(r"const (NAME|WORK): &'static str = \"([a-z_]+)\"")
 
 

@@ -1,8 +1,9 @@
 //! `lease-sweeper run`: the daemon.
 //!
-//! Owns wiring the two services to their connections, the signal lines,
+//! Owns wiring the services to their connections (the horizon check too,
+//! outside the watchdog's set of loops), the signal lines,
 //! StatsD, the scrape endpoint when it is asked for, systemd and the
-//! shutdown signal, then waiting for both loops to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
+//! shutdown signal, then waiting for every loop to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
@@ -11,9 +12,12 @@ use crate::config::{DbTarget, StatsdTarget};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::output::prometheus::Exposition;
+use crate::pg::horizon::PgHorizon;
 use crate::pg::job_queue::PgJobQueue;
 use crate::pg::lock_store::PgLockStore;
+use crate::progress::Beat;
 use crate::progress::Progress;
+use crate::sweep::horizon::HorizonCheck;
 use crate::sweep::job_reaper::JobReaper;
 use crate::sweep::lock_sweeper::LockSweeper;
 
@@ -68,6 +72,11 @@ pub async fn run() -> anyhow::Result<()> {
         EventLog::stdout(),
         metrics.clone(),
     );
+    let horizon = HorizonCheck::new(
+        PgHorizon::new(db.clone()),
+        EventLog::stdout(),
+        metrics.clone(),
+    );
     let jobs = JobReaper::new(
         PgJobQueue::new(db),
         EventLog::stdout(),
@@ -85,6 +94,14 @@ pub async fn run() -> anyhow::Result<()> {
             jobs,
             metrics.clone(),
             progress.beat(JOB_LOOP),
+            shutdown.clone()
+        ),
+        // Not watched: a check every 10 s must not slow the watchdog's
+        // pings, and a stuck one (bounded by its own timeouts) stops no sweep.
+        crate::sweep::run(
+            horizon,
+            metrics.clone(),
+            Beat::unwatched(),
             shutdown.clone()
         ),
     );

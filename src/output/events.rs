@@ -1,6 +1,8 @@
 //! The signal stream: the WARN lines operators alert on.
 //!
-//! Owns the exact shape of `lease_expired` and `job_lease_expired` and the
+//! Owns the exact shape of `lease_expired` and `job_lease_expired` (and the
+//! line format the horizon check's `xmin_horizon_held` and
+//! `xmin_horizon_released` share) and the
 //! write discipline behind "at least once, never lost": a batch's lines are
 //! formatted into one buffer, written whole and flushed before the caller
 //! commits the batch. These lines deliberately bypass `tracing` and its
@@ -59,8 +61,26 @@ impl EventLog {
     }
 
     /// Writes pre-built pairs as one WARN line per entry (used by the job
-    /// reaper, whose fields are described where they are built).
+    /// reaper and the horizon check, whose fields are described where they
+    /// are built).
     pub fn warn_lines<'a, I>(&mut self, message: &str, rows: I) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Vec<(&'a str, String)>>,
+    {
+        self.lines("warn", message, rows)
+    }
+
+    /// The same at INFO: the end of a condition a WARN line announced (the
+    /// horizon check's `xmin_horizon_released`), which must reach the same
+    /// stream however `RUST_LOG` is set.
+    pub fn info_lines<'a, I>(&mut self, message: &str, rows: I) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Vec<(&'a str, String)>>,
+    {
+        self.lines("info", message, rows)
+    }
+
+    fn lines<'a, I>(&mut self, level: &str, message: &str, rows: I) -> io::Result<()>
     where
         I: IntoIterator<Item = Vec<(&'a str, String)>>,
     {
@@ -68,7 +88,7 @@ impl EventLog {
         let ts = crate::output::telemetry::timestamp_now();
         let line = &mut self.buf;
         for pairs in rows {
-            push_head(line, &ts, message);
+            push_level_head(line, &ts, level, message);
             for (k, v) in &pairs {
                 push_pair(line, k, v);
             }
@@ -88,8 +108,12 @@ impl EventLog {
 
 /// The pairs every signal line starts with.
 fn push_head(line: &mut String, ts: &str, message: &str) {
+    push_level_head(line, ts, "warn", message);
+}
+
+fn push_level_head(line: &mut String, ts: &str, level: &str, message: &str) {
     push_pair(line, "ts", ts);
-    push_pair(line, "level", "warn");
+    push_pair(line, "level", level);
     push_pair(line, "message", message);
 }
 

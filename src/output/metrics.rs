@@ -48,6 +48,11 @@ pub const JOB_LEASE_OVERDUE: &str = "queue.lease.overdue";
 /// batches give 4,000 samples for its p99, while a full lock batch (5,000)
 /// costs 100 lines, about four datagrams, instead of 5,000 (about 190).
 pub const MAX_OVERDUE_SAMPLES: usize = 100;
+/// How long the oldest holder of the database's xmin horizon has held it,
+/// in seconds (0 when nothing does). No tags.
+pub const XMIN_HORIZON_AGE: &str = "pg.xmin_horizon.age_seconds";
+/// Dead rows (`n_dead_tup`) of a swept table. Tags: `table`.
+pub const DEAD_ROWS_CURRENT: &str = "pg.dead_rows.current";
 
 /// The daemon's metrics. Cloning shares them.
 #[derive(Clone)]
@@ -173,6 +178,26 @@ impl Metrics {
             .send();
         if let Some(p) = &self.prometheus {
             p.stale_jobs_current(backend, stale);
+        }
+    }
+
+    /// The horizon check's answer: the oldest holder's age (whole seconds in
+    /// both sinks) and each table's dead rows (`table` is `lock_entry` or
+    /// `job_queue`).
+    pub fn horizon(&self, age: Duration, dead: &[(&'static str, u64)]) {
+        self.statsd
+            .client
+            .gauge_with_tags(XMIN_HORIZON_AGE, age.as_secs())
+            .send();
+        for &(table, rows) in dead {
+            self.statsd
+                .client
+                .gauge_with_tags(DEAD_ROWS_CURRENT, rows)
+                .with_tag("table", table)
+                .send();
+        }
+        if let Some(p) = &self.prometheus {
+            p.horizon(age, dead);
         }
     }
 

@@ -47,6 +47,12 @@ pub const LEASE_OVERDUE: &str = "lock_lease_overdue_seconds";
 /// How late each reaped job lease was: its `overdueMillis`, in seconds, one
 /// observation per `job_lease_expired` line. Labels: `backend`, `action`.
 pub const JOB_LEASE_OVERDUE: &str = "queue_lease_overdue_seconds";
+/// How long the oldest holder of the xmin horizon has held it, in seconds
+/// (`output::metrics::XMIN_HORIZON_AGE`, same name). No labels.
+pub const XMIN_HORIZON_AGE: &str = "pg_xmin_horizon_age_seconds";
+/// Dead rows of a swept table. Labels: `table`, one of two fixed names
+/// (`lock_entry`, `job_queue`), like the other labels' values.
+pub const DEAD_ROWS_CURRENT: &str = "pg_dead_rows_current";
 /// Always 1; the label says which build is running. Labels: `version`.
 pub const BUILD_INFO: &str = "lease_sweeper_build_info";
 /// Passes that failed (the database was down, a statement failed). Labels:
@@ -128,6 +134,16 @@ impl Exposition {
                 JOB_LEASE_OVERDUE,
                 Some(Unit::Seconds),
                 "How late each reaped job lease was (its overdueMillis), by action: one observation per job_lease_expired line.",
+            ),
+            (
+                XMIN_HORIZON_AGE,
+                Some(Unit::Seconds),
+                "How long the oldest holder of the database's xmin horizon has held it (0: none); see xmin_horizon_held.",
+            ),
+            (
+                DEAD_ROWS_CURRENT,
+                None,
+                "Dead rows of a swept table (n_dead_tup: deleted, not yet vacuumed; after a vacuum, those it could not remove).",
             ),
             (
                 BUILD_INFO,
@@ -269,6 +285,15 @@ impl Exposition {
     pub fn stale_jobs_current(&self, backend: &'static str, stale: u64) {
         self.gauge(JOB_STALE_CURRENT, &[("backend", backend)])
             .set(stale as f64);
+    }
+
+    /// The horizon check's gauges.
+    pub fn horizon(&self, age: Duration, dead: &[(&'static str, u64)]) {
+        self.gauge(XMIN_HORIZON_AGE, &[]).set(age.as_secs() as f64);
+        for &(table, rows) in dead {
+            self.gauge(DEAD_ROWS_CURRENT, &[("table", table)])
+                .set(rows as f64);
+        }
     }
 
     /// Registers a service's failure counter at zero, so an alert on its

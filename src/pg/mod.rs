@@ -5,7 +5,8 @@
 //! schema; `lock_entry` holds the statements on `lock_entry` and its takeover
 //! outbox, run in batches by `lock_store` (the `LockStore` for `backend=pg`);
 //! `job_queue` holds the job queue's statements and its apply transaction;
-//! `catalog` holds what the preflight asks the system catalogs.
+//! `catalog` holds what the preflight asks the system catalogs; `horizon`
+//! what the horizon check asks them (who holds the xmin horizon).
 //! Nothing here logs, counts or decides when to run: the services in `sweep`
 //! and the commands in `cmd` do. Every statement is a literal; none is
 //! assembled at run time.
@@ -22,6 +23,7 @@
 
 pub mod catalog;
 pub mod conn;
+pub mod horizon;
 pub mod job_queue;
 pub mod lock_entry;
 pub mod lock_store;

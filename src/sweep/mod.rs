@@ -1,6 +1,7 @@
 //! The maintenance services and the one loop that runs each of them.
 //!
-//! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`) knows how
+//! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`,
+//! `horizon::HorizonCheck`) knows how
 //! to do one pass and returns what it did; `run` owns everything about time
 //! for all of them: the fixed delay, shutdown, the drain grace, logging a
 //! failed pass once (then every `ERROR_REPEAT`) and its recovery, recording
@@ -14,6 +15,7 @@
 //! reaper to `pg::job_queue`. It does not install signal handlers (`shutdown`)
 //! or speak to systemd (`notify`).
 
+pub mod horizon;
 pub mod job_reaper;
 pub mod lock_sweeper;
 
@@ -61,6 +63,9 @@ pub trait Service: Send {
     const WORK: &'static str;
     /// The `service` label of its health series (`lock_sweeper`, `job_reaper`).
     const SERVICE: &'static str;
+    /// The pause between its passes; `SWEEP_DELAY` unless the service says
+    /// otherwise (the horizon check: `horizon::HORIZON_DELAY`).
+    const DELAY: Duration = SWEEP_DELAY;
 
     /// Logs the service's settings once, when its loop starts.
     fn log_started(&self);
@@ -72,7 +77,7 @@ pub trait Service: Send {
     ) -> impl Future<Output = Result<Self::Outcome, StoreError>> + Send;
 }
 
-/// Runs `service` every `SWEEP_DELAY` until `shutdown` fires, then lets the
+/// Runs `service` every `S::DELAY` (`SWEEP_DELAY` by default) until `shutdown` fires, then lets the
 /// pass in flight finish (or, after `DRAIN_GRACE`, abandons it) and flushes
 /// `metrics`. `beat` is told after every pass, failed or not.
 pub async fn run<S: Service>(
@@ -116,7 +121,7 @@ pub async fn run<S: Service>(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(SWEEP_DELAY) => {}
+            () = tokio::time::sleep(S::DELAY) => {}
         }
     }
     metrics.flush().await;

@@ -21,6 +21,7 @@ mod faults_support;
 mod handoff;
 mod held_count;
 mod holes;
+mod horizon;
 mod hostile;
 mod job_lease_duration_claims;
 mod job_lease_duration_cli;

@@ -235,7 +235,7 @@ async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_r
         assert_eq!(code, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
-    for bad in ["sweep_failed", "job_reap_failed"] {
+    for bad in ["sweep_failed", "job_reap_failed", "horizon_check_failed"] {
         assert_eq!(events(&lines, bad), vec![], "no {bad}");
     }
     assert!(
@@ -324,7 +324,8 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
     let mut conn = db.connect().await;
     let (server, server_port, user) = server_of(&db.url);
     // Session pooling pins each client connection to a server connection for
-    // its life: every daemon holds two (lock sweep, job reaper).
+    // its life: every daemon holds three (lock sweep, job reaper, horizon
+    // check).
     let bouncer = Bouncer::start(&server, server_port, &db.name, &user, "session", 6).await;
     let url = format!("postgres://{user}@127.0.0.1:{}/{}", bouncer.port, db.name);
     let statsd = StatsdCapture::start().await;
@@ -353,7 +354,7 @@ async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
         assert_eq!(d.stop().await.0, Some(0));
     }
     let lines: Vec<String> = daemons.iter().flat_map(|d| d.lines()).collect();
-    for bad in ["sweep_failed", "job_reap_failed"] {
+    for bad in ["sweep_failed", "job_reap_failed", "horizon_check_failed"] {
         assert_eq!(events(&lines, bad), vec![], "no {bad}");
     }
     assert_each_once(&all_keys(&daemons), 20, "session-");

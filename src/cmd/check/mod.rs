@@ -113,6 +113,8 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     lines.push(owners);
     let planted = checked(conn, redactor, PLANTED.into(), planted_overloads).await;
     lines.push(planted);
+    let view = checked(conn, redactor, HORIZON_VIEW.into(), horizon_view).await;
+    lines.push(view);
 }
 
 async fn grants(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
@@ -123,6 +125,28 @@ async fn grants(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Li
         });
         lines.push(line.await);
     }
+}
+
+/// What the horizon check can see of other roles' sessions.
+const HORIZON_VIEW: &str = "horizon check's view of sessions";
+
+/// A warning, not a failure: without `pg_read_all_stats` the horizon check
+/// still names every holder, with less about other roles' sessions.
+async fn horizon_view(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
+    Ok(if crate::pg::horizon::reads_all_stats(conn).await? {
+        Line::ok(
+            HORIZON_VIEW,
+            "member of pg_read_all_stats: every holder of the xmin horizon is seen in full",
+        )
+    } else {
+        Line::warn(
+            HORIZON_VIEW,
+            "not a member of pg_read_all_stats: holders of the xmin horizon are still named \
+             (pid, application_name, slot, prepared transaction), but other roles' sessions' \
+             state, client address and transaction start are hidden; to see them, as a \
+             superuser: GRANT pg_read_all_stats TO lease_sweeper (docs/least-privilege.md)",
+        )
+    })
 }
 
 /// One check in its own guarded transaction (PgBouncer-safe, `in_tx`); a
