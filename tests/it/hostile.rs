@@ -183,11 +183,12 @@ async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_dec
                 .all(|c| c.is_ascii_lowercase() || c == '.' || c == '_'),
             "{datagram_line:?}"
         );
-        let tags = rest.split('|').nth(2).unwrap_or("");
+        // `value|type`, then an optional `@rate`, then the `#tags`.
+        let tags = rest.split('|').find(|p| p.starts_with('#')).unwrap_or("");
         assert!(
             tags.is_empty()
                 || tags.trim_start_matches('#').split(',').all(
-                    |t| matches!(t.split_once(':'), Some(("backend" | "action", v))
+                    |t| matches!(t.split_once(':'), Some(("backend" | "action" | "reaped_by" | "table", v))
                         if v.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
                 ),
             "{datagram_line:?}"
