@@ -16,6 +16,17 @@ use crate::model::ExpiredLease;
 /// Writes a batch's lines and flushes them; an error means "do not commit".
 pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send);
 
+/// What one reaping call took off the table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Leases taken off the table, for the drain rule (what was reported went
+    /// through `report`).
+    pub n: usize,
+    /// Lock-server calls that were queued behind the batch when it ended: the
+    /// sweep takes smaller batches while there are any.
+    pub waiters: u32,
+}
+
 /// What a sweep needs from a lock backend.
 ///
 /// Each reaping method takes at most `limit` leases off the table and calls
@@ -37,7 +48,7 @@ pub trait LockStore: Send {
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
-    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 
     /// Drains up to `limit` recorded takeovers of expired leases, and any
     /// batch a sweeper took off the table but did not get to report (it

@@ -61,8 +61,12 @@ pub mod progress {
     pub use crate::progress::Progress;
 }
 
+pub mod model {
+    pub use crate::model::ExpiredLease;
+}
+
 pub mod store {
-    pub use crate::store::StoreError;
+    pub use crate::store::{LockStore, Reaped, StoreError};
 }
 
 pub mod sweep {

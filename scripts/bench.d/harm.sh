@@ -34,6 +34,8 @@
 # server processes that appeared with it), read when the StatsD listener has
 # counted the whole backlog.
 #
+# HARM_ROWS (default "storm other jobs") picks rows, e.g. HARM_ROWS=storm.
+#
 # Goals: p99 with ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without.
 
 HARM_AT=5 HARM_CLIENTS=8 HARM_THREADS=2 HARM_LOCK_RATE=1500 HARM_JOB_RATE=800 HARM_OTHER=20000
@@ -182,7 +184,7 @@ bench_harm() {
         log "harm: seeding for ${names[i]} (${bins[i]})"
         harm_seed locks "seed_harm_locks" "${bins[i]}"
         harm_seed jobs "seed_harm_jobs" "${bins[i]}"
-        for row in storm other jobs; do
+        for row in ${HARM_ROWS:-storm other jobs}; do
             [[ $row == jobs ]] && H_SEED=seed_harm_jobs || H_SEED=seed_harm_locks
             for ((r = 1; r <= RUNS; r++)); do
                 local order=(with without) load tl_with td_with tl_without cpu win s e lines

@@ -25,6 +25,14 @@ pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
 /// the gates allow; otherwise returns a refusal and changes nothing.
 pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 
+/// The daemon's apply: `APPLY`, with its report recorded in one hand-off row
+/// in the same call when it reaped something, so the transaction can commit
+/// before the lines are written (`fn_job_reap_stale_leases_apply_handed_off`
+/// in `migrations/`). Returns the hand-off's id (NULL otherwise) and the
+/// report.
+pub const APPLY_HANDED_OFF: &str =
+    "SELECT handoff_id, report FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
+
 /// Every queue setting with who changed it last, plus what the gates say now.
 ///
 /// Built-ins are `pg_catalog.`-qualified: `gates` is often run by a
@@ -157,10 +165,6 @@ pub const GATES_THEN_STALE: &str = "SELECT r::text AS refusal, \
      CASE WHEN r IS NOT NULL THEN fn_job_stale_lease_count() END AS stale, \
      fn_job_reap_handoff_abandoned() AS abandoned \
      FROM fn_job_reaper_gate_refusal() AS r";
-
-/// Records an apply report in `job_reap_handoff`, in the transaction that
-/// applied it; returns its id (`fn_job_reap_handoff_put` in `migrations/`).
-pub const HANDOFF_PUT: &str = "SELECT fn_job_reap_handoff_put($1)";
 
 /// Claims job hand-off `$1` for writing its lines; false when another
 /// reaper recovered it first.
@@ -298,29 +302,29 @@ async fn apply_in_tx(
     limit: i32,
     report: Report<'_, JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
-    const WHAT: &str = "fn_job_reap_stale_leases_apply";
+    const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
     let mut tx = conn::begin(conn).await?;
-    let text = apply(&mut tx, actor, limit)
+    let (handoff_id, text): (Option<i64>, String) = sqlx::query_as(APPLY_HANDED_OFF)
+        .persistent(false)
+        .bind(actor)
+        .bind(limit)
+        .fetch_one(&mut *tx)
         .await
         .map_err(|e| BatchFailure::Query(WHAT, e))?;
     let report_json: ApplyReport = decode(WHAT, &text)?;
     if report_json.refused {
         return Ok(ApplyBatch::Refused(report_json.reason.unwrap_or(text)));
     }
-    // Not reaped, so nothing to write before the commit; a set-aside job
-    // keeps the batch short, so the pass moves on and the next retries it.
+    // Not reaped, so nothing to write; a set-aside job keeps the batch
+    // short, so the pass moves on and the next retries it.
     log_set_aside(&report_json.set_aside);
-    if report_json.actions.is_empty() {
-        conn::commit_hand_off(tx).await?;
-        return Ok(ApplyBatch::Applied(report_json));
-    }
     // The reaped jobs' row locks would hold up a worker's heartbeat or
-    // completion of them: hand the report off and commit first, then write
-    // the lines.
-    let id = handoff_put(&mut tx, &text)
-        .await
-        .map_err(|e| BatchFailure::Query("fn_job_reap_handoff_put", e))?;
+    // completion of them: the call handed the report off, so commit first,
+    // then write the lines.
     conn::commit_hand_off(tx).await?;
+    let Some(id) = handoff_id else {
+        return Ok(ApplyBatch::Applied(report_json));
+    };
     let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
     let reported = conn::claim_then_report(
         conn,
@@ -360,14 +364,6 @@ async fn recover_in_tx(
     let recovered: ApplyReport = decode(WHAT, &text)?;
     conn::report_then_commit(tx, &recovered.actions, report).await?;
     Ok(recovered.actions.len())
-}
-
-async fn handoff_put(conn: &mut PgConnection, report: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(HANDOFF_PUT)
-        .persistent(false)
-        .bind(report)
-        .fetch_one(conn)
-        .await
 }
 
 async fn handoff_claim(conn: &mut PgConnection, id: i64) -> Result<bool, sqlx::Error> {

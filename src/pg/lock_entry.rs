@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::types::PgInterval;
 use sqlx::{FromRow, PgConnection};
 
 use crate::model::{ExpiredLease, ReapedBy};
@@ -38,13 +37,20 @@ macro_rules! held_count_max_age_ms {
 /// it in its text.
 pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
 
-/// Deletes up to `$1` expired leases, oldest deadline first, and returns them.
+/// Deletes up to `$1` expired leases, oldest deadline first, records them in
+/// one hand-off row, and returns them as arrays in one row.
 ///
-/// The statement is the SECURITY DEFINER function `lock_reap_expired` in
-/// `migrations/` (so the sweeper's role needs no DELETE privilege and can
-/// never delete a live lease); its comment there explains the shape: the
-/// database clock decides, `FOR UPDATE SKIP LOCKED` splits work between
-/// replicas, and rows are deleted by tuple id.
+/// The statement is the SECURITY DEFINER function
+/// `lock_reap_expired_handed_off` in `migrations/`, around `lock_reap_expired`
+/// (so the sweeper's role needs no DELETE privilege and can never delete a
+/// live lease); their comments there explain the shape: the database clock
+/// decides, `FOR UPDATE SKIP LOCKED` splits work between replicas, rows are
+/// deleted by tuple id, and the batch's hand-off is written in the same call
+/// so its transaction can commit before a line is written.
+///
+/// `waiters` counts the sessions queued behind the batch's row locks when
+/// it ended (lock-server calls on its keys), so the sweep can take smaller
+/// batches while the lock server is contending with it.
 ///
 /// `$2` resumes the index scan at the deadline (epoch milliseconds) of the
 /// newest lease the previous batch of the same sweep reaped, instead of
@@ -53,12 +59,13 @@ pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_ag
 /// oldest (pre-1970 and -infinity deadlines included), as the first batch of
 /// every sweep does.
 ///
-/// A row with `set_aside_error` was NOT deleted: it failed inside the
-/// function and was set aside so the rest of the batch could be reaped
-/// (contract in migrations/20261130000100_lock_rows_never_block.sql).
+/// The `set_aside_*` arrays name leases that were NOT deleted: each failed
+/// inside the function and was set aside so the rest of the batch could be
+/// reaped (contract in migrations/20261130000100_lock_rows_never_block.sql).
 pub const REAP_EXPIRED: &str = "
-SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error
-  FROM lock_reap_expired($1, $2)";
+SELECT handoff_id, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
+       set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors, waiters
+  FROM lock_reap_expired_handed_off($1, $2)";
 
 /// Drains up to `$1` recorded takeovers, oldest first; overdue is measured at
 /// the moment of the steal (`lock_drain_takeovers` in `migrations/`).
@@ -70,13 +77,12 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
 /// walking the heap from page `$2` in physical order (a TID range scan), for
 /// when most of the table has expired and the index order would visit pages
 /// at random (`lock_reap_expired_walk` in `migrations/`, which explains the
-/// page budget and the `next_page` it returns on every row). Each row carries
-/// its lateness as an interval and the statement's clock in microseconds, so
-/// the millisecond fields are computed here with integer arithmetic instead
-/// of `numeric` per row on the server.
+/// page budget and the `next_page` it returns), hands them off the same way
+/// (`lock_reap_expired_walk_handed_off`) and returns them as arrays.
 pub const REAP_EXPIRED_WALK: &str = "
-SELECT lock_key, owner_id, token, late, now_micros, next_page
-  FROM lock_reap_expired_walk($1, $2)";
+SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
+       waiters
+  FROM lock_reap_expired_walk_handed_off($1, $2)";
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired, is any takeover recorded, and the
@@ -98,13 +104,6 @@ pub const SWEEP_PROBE: &str = concat!(
 /// stored count older than `$1` ms and wins its row. Returns the count and
 /// whether this call recounted.
 pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
-
-/// Records a reaped batch in `lock_reap_handoff`, in the transaction that
-/// deleted it, and returns its id: `$1`..`$5` are the batch's keys, owners,
-/// tokens, deadlines and lateness (epoch ms, ms), element i one lease
-/// (`lock_handoff_put` in `migrations/`). The transaction then commits, so
-/// the leases' row locks end before a line is written.
-pub const HANDOFF_PUT: &str = "SELECT lock_handoff_put($1, $2, $3, $4, $5)";
 
 /// Claims hand-off `$1` for writing its lines (deletes it; the row lock lasts
 /// until COMMIT); false when another sweeper recovered it first.
@@ -177,18 +176,113 @@ fn split(rows: Vec<LeaseRow>, reaped_by: ReapedBy) -> LeaseBatch {
     batch
 }
 
+/// A batch that was reaped and handed off in one call.
+#[derive(Debug, Default)]
+pub struct HandedOff {
+    /// The hand-off row holding `leases`; `None` when none was reaped.
+    pub handoff_id: Option<i64>,
+    pub leases: Vec<ExpiredLease>,
+    pub set_aside: Vec<SetAsideLease>,
+    /// Sessions that waited on the batch's row locks when it ended.
+    pub waiters: u32,
+}
+
+/// `REAP_EXPIRED`'s one row: the batch as parallel arrays (NULL when empty).
+#[derive(FromRow)]
+struct HandedOffRow {
+    handoff_id: Option<i64>,
+    lock_keys: Option<Vec<String>>,
+    owner_ids: Option<Vec<String>>,
+    tokens: Option<Vec<i64>>,
+    expired_at_millis: Option<Vec<i64>>,
+    overdue_millis: Option<Vec<i64>>,
+    set_aside_keys: Option<Vec<String>>,
+    set_aside_owner_ids: Option<Vec<String>>,
+    set_aside_tokens: Option<Vec<i64>>,
+    set_aside_errors: Option<Vec<String>>,
+    waiters: i32,
+}
+
+/// Zips the arrays of one batch into leases; arrays of unequal length (which
+/// the function never returns) are a decode error, not a lost lease.
+fn zip_leases(
+    keys: Option<Vec<String>>,
+    owners: Option<Vec<String>>,
+    tokens: Option<Vec<i64>>,
+    expired: Option<Vec<i64>>,
+    overdue: Option<Vec<i64>>,
+) -> Result<Vec<ExpiredLease>, sqlx::Error> {
+    let (keys, owners, tokens) = (
+        keys.unwrap_or_default(),
+        owners.unwrap_or_default(),
+        tokens.unwrap_or_default(),
+    );
+    let (expired, overdue) = (expired.unwrap_or_default(), overdue.unwrap_or_default());
+    let n = keys.len();
+    if [owners.len(), tokens.len(), expired.len(), overdue.len()] != [n; 4] {
+        return Err(sqlx::Error::Decode(
+            format!("the batch's arrays differ in length (keys {n})").into(),
+        ));
+    }
+    Ok(keys
+        .into_iter()
+        .zip(owners)
+        .zip(tokens.into_iter().zip(expired.into_iter().zip(overdue)))
+        .map(
+            |((lock_key, owner_id), (token, (expired_at_millis, overdue_millis)))| ExpiredLease {
+                lock_key,
+                owner_id,
+                token,
+                expired_at_millis,
+                overdue_millis,
+                reaped_by: ReapedBy::Sweep,
+            },
+        )
+        .collect())
+}
+
 pub async fn reap_expired(
     conn: &mut PgConnection,
     limit: i32,
     after_millis: Option<i64>,
-) -> Result<LeaseBatch, sqlx::Error> {
-    let rows: Vec<LeaseRow> = sqlx::query_as(REAP_EXPIRED)
+) -> Result<HandedOff, sqlx::Error> {
+    let row: HandedOffRow = sqlx::query_as(REAP_EXPIRED)
         .persistent(false)
         .bind(limit)
         .bind(after_millis)
-        .fetch_all(conn)
+        .fetch_one(conn)
         .await?;
-    Ok(split(rows, ReapedBy::Sweep))
+    let leases = zip_leases(
+        row.lock_keys,
+        row.owner_ids,
+        row.tokens,
+        row.expired_at_millis,
+        row.overdue_millis,
+    )?;
+    let keys = row.set_aside_keys.unwrap_or_default();
+    let (owners, tokens, errors) = (
+        row.set_aside_owner_ids.unwrap_or_default(),
+        row.set_aside_tokens.unwrap_or_default(),
+        row.set_aside_errors.unwrap_or_default(),
+    );
+    let set_aside = keys
+        .into_iter()
+        .zip(owners)
+        .zip(tokens.into_iter().zip(errors))
+        .map(|((lock_key, owner_id), (token, cause))| SetAsideLease {
+            lock_key,
+            owner_id,
+            token,
+            reaped_by: ReapedBy::Sweep,
+            cause,
+        })
+        .collect();
+    Ok(HandedOff {
+        handoff_id: row.handoff_id,
+        leases,
+        set_aside,
+        waiters: u32::try_from(row.waiters).unwrap_or(0),
+    })
 }
 
 pub async fn drain_takeovers(
@@ -201,27 +295,6 @@ pub async fn drain_takeovers(
         .fetch_all(conn)
         .await?;
     Ok(split(rows, ReapedBy::Takeover))
-}
-
-/// Hands `leases` off (`HANDOFF_PUT`); returns the hand-off's id.
-pub async fn handoff_put(
-    conn: &mut PgConnection,
-    leases: &[ExpiredLease],
-) -> Result<i64, sqlx::Error> {
-    let keys: Vec<&str> = leases.iter().map(|l| l.lock_key.as_str()).collect();
-    let owners: Vec<&str> = leases.iter().map(|l| l.owner_id.as_str()).collect();
-    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
-    let expired: Vec<i64> = leases.iter().map(|l| l.expired_at_millis).collect();
-    let overdue: Vec<i64> = leases.iter().map(|l| l.overdue_millis).collect();
-    sqlx::query_scalar(HANDOFF_PUT)
-        .persistent(false)
-        .bind(keys)
-        .bind(owners)
-        .bind(tokens)
-        .bind(expired)
-        .bind(overdue)
-        .fetch_one(conn)
-        .await
 }
 
 /// Claims hand-off `id` (`HANDOFF_CLAIM`): true when this transaction now
@@ -264,55 +337,46 @@ pub async fn handoff_recover(conn: &mut PgConnection) -> Result<Vec<ExpiredLease
         .collect())
 }
 
-/// A row of `REAP_EXPIRED_WALK`. The lease fields are NULL only on the one
-/// row of a batch that deleted nothing, which still carries `next_page`.
+/// `REAP_EXPIRED_WALK`'s one row.
 #[derive(FromRow)]
 struct WalkRow {
-    lock_key: Option<String>,
-    owner_id: Option<String>,
-    token: Option<i64>,
-    /// `now() - expires_at`.
-    late: Option<PgInterval>,
-    /// The statement's clock, in microseconds since the Unix epoch.
-    now_micros: i64,
+    handoff_id: Option<i64>,
     next_page: i64,
+    lock_keys: Option<Vec<String>>,
+    owner_ids: Option<Vec<String>>,
+    tokens: Option<Vec<i64>>,
+    expired_at_millis: Option<Vec<i64>>,
+    overdue_millis: Option<Vec<i64>>,
+    waiters: i32,
 }
 
-/// One walk batch: the reaped leases and the page the next batch starts at
-/// (-1 once the walk has reached the end of the table).
+/// One walk batch, handed off: the leases and the page the next batch starts
+/// at (-1 once the walk has reached the end of the table).
 pub async fn reap_expired_walk(
     conn: &mut PgConnection,
     limit: i32,
     from_page: i64,
-) -> Result<(Vec<ExpiredLease>, i64), sqlx::Error> {
-    let rows: Vec<WalkRow> = sqlx::query_as(REAP_EXPIRED_WALK)
+) -> Result<(HandedOff, i64), sqlx::Error> {
+    let row: WalkRow = sqlx::query_as(REAP_EXPIRED_WALK)
         .persistent(false)
         .bind(limit)
         .bind(from_page)
-        .fetch_all(conn)
+        .fetch_one(conn)
         .await?;
-    let next_page = rows.first().map_or(-1, |r| r.next_page);
-    let leases = rows
-        .into_iter()
-        .filter_map(|row| {
-            // The one all-NULL row of a batch that deleted nothing.
-            let (lock_key, owner_id, token, late) =
-                (row.lock_key?, row.owner_id?, row.token?, row.late?);
-            let now_micros = row.now_micros;
-            // `now() - expires_at` of timestamps has no months; days are 24 h.
-            let late_micros = i64::from(late.days) * 86_400_000_000 + late.microseconds;
-            Some(ExpiredLease {
-                lock_key,
-                owner_id,
-                token,
-                // Floored, as floor(EXTRACT(epoch ...) * 1000) is.
-                expired_at_millis: (now_micros - late_micros).div_euclid(1000),
-                overdue_millis: late_micros.div_euclid(1000),
-                reaped_by: ReapedBy::Sweep,
-            })
-        })
-        .collect();
-    Ok((leases, next_page))
+    let leases = zip_leases(
+        row.lock_keys,
+        row.owner_ids,
+        row.tokens,
+        row.expired_at_millis,
+        row.overdue_millis,
+    )?;
+    let batch = HandedOff {
+        handoff_id: row.handoff_id,
+        leases,
+        set_aside: Vec::new(),
+        waiters: u32::try_from(row.waiters).unwrap_or(0),
+    };
+    Ok((batch, row.next_page))
 }
 
 /// `SWEEP_PROBE`'s answer.

@@ -17,7 +17,7 @@ use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{LockStore, StoreError, Work};
+use crate::store::{LockStore, Reaped, StoreError, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
@@ -81,6 +81,17 @@ struct Done {
     newest_millis: Option<i64>,
     /// Where a walk goes next (walk batches; -1 at the end of the table).
     next_page: Option<i64>,
+    /// Lock-server calls queued behind the batch when it ended.
+    waiters: u32,
+}
+
+impl Done {
+    fn reaped(&self) -> Reaped {
+        Reaped {
+            n: self.n,
+            waiters: self.waiters,
+        }
+    }
 }
 
 impl PgLockStore {
@@ -111,7 +122,7 @@ impl PgLockStore {
         after_millis: Option<i64>,
         limit: i32,
         report: Report<'_>,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<Reaped, StoreError> {
         let done = self
             .batch(Reap::Index { after_millis }, limit, report)
             .await?;
@@ -126,10 +137,10 @@ impl PgLockStore {
                 None => Next::Oldest,
             }
         };
-        Ok(done.n)
+        Ok(done.reaped())
     }
 
-    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<usize, StoreError> {
+    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<Reaped, StoreError> {
         match self.next {
             Next::Oldest => self.index_batch(None, limit, report).await,
             Next::After(after) => self.index_batch(Some(after), limit, report).await,
@@ -150,19 +161,22 @@ impl PgLockStore {
                 let next_page = done.next_page.unwrap_or(-1);
                 if done.n >= limit as usize && next_page >= 0 {
                     self.next = Next::Walk(next_page);
-                    return Ok(done.n);
+                    return Ok(done.reaped());
                 }
                 self.next = Next::Oldest;
                 if next_page < 0 {
                     // The whole table was walked: this sweep's drain is done.
                     self.sparse = false;
-                    return Ok(done.n);
+                    return Ok(done.reaped());
                 }
                 // The page budget ran out first: too few expired rows per
                 // page for the walk to pay; the index takes over at once.
                 self.sparse = true;
                 let more = self.index_batch(None, limit, report).await?;
-                Ok(done.n + more)
+                Ok(Reaped {
+                    n: done.n + more.n,
+                    waiters: done.waiters.max(more.waiters),
+                })
             }
         }
     }
@@ -182,7 +196,11 @@ impl PgLockStore {
     }
 }
 
-/// Delete (or drain), report, commit.
+/// Delete (or drain), report, commit. A takeover's record is the outbox row
+/// its transaction deletes, which no lock-server call waits on: report, then
+/// commit. Deleted leases hold row locks an acquire of their key waits on:
+/// the reaping call hands them off, the transaction commits, and only then
+/// are their lines written, under the claim of the hand-off.
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
@@ -190,52 +208,45 @@ async fn batch_in_tx(
     report: Report<'_>,
 ) -> Result<Done, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
-    let mut next_page = None;
-    let leases = match kind {
+    let (batch, next_page) = match kind {
         Reap::Index { after_millis } => {
             let batch = locks::reap_expired(&mut tx, limit, after_millis)
                 .await
-                .map_err(|e| BatchFailure::Query("lock_reap_expired", e))?;
-            log_set_aside(&batch.set_aside);
-            batch.reaped
+                .map_err(|e| BatchFailure::Query("lock_reap_expired_handed_off", e))?;
+            (batch, None)
         }
         Reap::Walk { from_page } => {
-            let (leases, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
+            let (batch, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
                 .await
-                .map_err(|e| BatchFailure::Query("lock_reap_expired_walk", e))?;
-            next_page = Some(next);
-            leases
+                .map_err(|e| BatchFailure::Query("lock_reap_expired_walk_handed_off", e))?;
+            (batch, Some(next))
         }
         Reap::Takeovers => {
-            let batch = locks::drain_takeovers(&mut tx, limit)
+            let drained = locks::drain_takeovers(&mut tx, limit)
                 .await
                 .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?;
-            log_set_aside(&batch.set_aside);
-            batch.reaped
+            log_set_aside(&drained.set_aside);
+            conn::report_then_commit(tx, &drained.reaped, report).await?;
+            return Ok(Done {
+                n: drained.reaped.len(),
+                newest_millis: None,
+                next_page: None,
+                waiters: 0,
+            });
         }
     };
-    let done = Done {
-        n: leases.len(),
-        newest_millis: leases.iter().map(|l| l.expired_at_millis).max(),
-        next_page,
-    };
-    match kind {
-        // A takeover's record is the outbox row this transaction deletes,
-        // which no lock-server call waits on: report, then commit.
-        Reap::Takeovers => conn::report_then_commit(tx, &leases, report).await?,
-        // Deleted leases hold row locks an acquire of their key waits on:
-        // hand them off and commit first, then write their lines.
-        Reap::Index { .. } | Reap::Walk { .. } if !leases.is_empty() => {
-            let id = locks::handoff_put(&mut tx, &leases)
-                .await
-                .map_err(|e| BatchFailure::Query("lock_handoff_put", e))?;
-            conn::commit_hand_off(tx).await?;
-            let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
-            conn::claim_then_report(conn, "lock_handoff_claim", claim, &leases, report).await?;
-        }
-        Reap::Index { .. } | Reap::Walk { .. } => conn::commit_hand_off(tx).await?,
+    log_set_aside(&batch.set_aside);
+    conn::commit_hand_off(tx).await?;
+    if let Some(id) = batch.handoff_id {
+        let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
+        conn::claim_then_report(conn, "lock_handoff_claim", claim, &batch.leases, report).await?;
     }
-    Ok(done)
+    Ok(Done {
+        n: batch.leases.len(),
+        newest_millis: batch.leases.iter().map(|l| l.expired_at_millis).max(),
+        next_page,
+        waiters: batch.waiters,
+    })
 }
 
 /// Reports and deletes one hand-off another sweeper (or this one, before a
@@ -278,14 +289,14 @@ impl LockStore for PgLockStore {
         &mut self,
         limit: usize,
         report: Report<'_>,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<Reaped, StoreError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         if self.next == Next::Oldest {
             // The first batch of a sweep: ask first whether there is anything.
             let probe = self.probe().await?;
             self.probe = Some(probe);
             if probe.unchanged {
-                return Ok(0);
+                return Ok(Reaped::default());
             }
         }
         let result = self.reap(limit, report).await;

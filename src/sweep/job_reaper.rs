@@ -31,7 +31,7 @@ use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
 /// 10,000 batch holds its row locks for about 0.3 s and buffers about 3 MB of
 /// lines before its commit; the pass loops until a short batch, so a backlog
 /// still drains in one pass.
-pub const JOB_BATCH_SIZE: i32 = 10_000;
+pub const JOB_BATCH_SIZE: i32 = 1_000;
 
 /// The `backend` tag: the job queue lives only in PostgreSQL.
 pub const BACKEND: &str = "pg";

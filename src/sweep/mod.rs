@@ -160,6 +160,12 @@ impl Drain {
         self.more
     }
 
+    /// The next batches ask for at most `limit` rows (a short batch is one
+    /// below the limit it was asked with).
+    pub fn limit_to(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     /// A batch handled `n` rows; a short one ends the drain.
     pub fn took(&mut self, n: usize) {
         if n > 0 {

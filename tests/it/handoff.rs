@@ -7,11 +7,17 @@
 //!
 //! Stdout is blocked for real: a pipe nobody reads fills its 64 KiB buffer,
 //! as a stalled journald or log collector does. The other side of the seam
-//! (a stub store, the drain rule) is `sweep::lock_sweeper`'s unit tests.
+//! (a stub store, the drain rule, the batch size while calls wait) is
+//! `sweep::lock_sweeper`'s unit tests; that a batch counts the calls waiting
+//! on it is proven here.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
+use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
+use lease_sweeper::testing::store::LockStore;
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -19,8 +25,8 @@ use crate::support::{
     insert_stale_jobs, open_gates, poll, wait_until,
 };
 
-/// Enough lines to fill a pipe's buffer many times over, in one batch.
-const LEASES: i64 = 3_000;
+/// One whole batch: its lines fill a pipe's buffer many times over.
+const LEASES: i64 = BATCH_SIZE as i64;
 
 /// A lock wait longer than this fails the statement (SQLSTATE 55P03): what
 /// "does not wait on the sweeper" means here.
@@ -161,7 +167,7 @@ async fn a_daemon_killed_while_its_lines_are_blocked_loses_none() {
 
 #[tokio::test]
 async fn a_late_worker_completes_without_waiting_for_a_blocked_reap() {
-    const JOBS: i64 = 3_000;
+    const JOBS: i64 = JOB_BATCH_SIZE as i64;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let ids = insert_stale_jobs(&mut conn, "work", JOBS, 0, 5, 5_000).await;
@@ -218,4 +224,70 @@ async fn a_late_worker_completes_without_waiting_for_a_blocked_reap() {
     assert_eq!(reported.len(), JOBS as usize, "one line per job");
     assert_eq!(unique.len(), JOBS as usize);
     assert_eq!(handoffs(&mut conn, "job").await, 0);
+}
+
+#[tokio::test]
+async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "busy-", 100, 5_000).await;
+    // The reaping statement stops on the marker's row, every row of the
+    // batch locked, until the test lets it go.
+    exec(
+        &mut conn,
+        "CREATE FUNCTION test_hold_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock(4243); RETURN OLD; END $$;
+         CREATE TRIGGER test_hold_delete BEFORE DELETE ON lock_entry FOR EACH ROW
+           WHEN (OLD.lock_key = 'busy-50') EXECUTE FUNCTION test_hold_delete();
+         SELECT pg_advisory_lock(4243);",
+    )
+    .await;
+    let reaping = tokio::spawn({
+        let target = db.target();
+        async move {
+            let mut store = PgLockStore::new(target);
+            let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
+            store.reap_expired(BATCH_SIZE, &mut report).await
+        }
+    });
+    poll(Duration::from_secs(20), "the reap to stop", async || {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4243 AND NOT granted",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        (held == 1).then_some(()).ok_or(String::new())
+    })
+    .await;
+    // A lock-server call on a key of the batch queues behind it.
+    let mut caller = db.connect().await;
+    let acquire = tokio::spawn(async move {
+        sqlx::query_scalar::<_, Option<i64>>("SELECT lock_acquire('busy-7', 'new-holder', 60000)")
+            .fetch_one(&mut caller)
+            .await
+            .unwrap()
+    });
+    poll(Duration::from_secs(20), "the acquire to wait", async || {
+        let queued: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        (queued == 1).then_some(()).ok_or(String::new())
+    })
+    .await;
+    exec(&mut conn, "SELECT pg_advisory_unlock(4243)").await;
+
+    let reaped = reaping.await.unwrap().expect("the reap");
+    assert_eq!(reaped.n, 100);
+    assert_eq!(reaped.waiters, 1, "the acquire waited on the batch");
+    assert!(acquire.await.unwrap().is_some(), "then took the key");
+    // Nobody waits on a batch of its own: the next one says 0.
+    insert_expired(&mut conn, "quiet-", 10, 5_000).await;
+    let mut store = PgLockStore::new(db.target());
+    let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
+    let quiet = store.reap_expired(BATCH_SIZE, &mut report).await.unwrap();
+    assert_eq!((quiet.n, quiet.waiters), (10, 0));
 }

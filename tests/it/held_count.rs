@@ -207,7 +207,7 @@ async fn a_daemon_never_waits_for_the_one_that_is_recounting() {
     assert_eq!(count, recounted(4));
     // A sweep commits, and the lock server acquires two more.
     let swept = locks::reap_expired(&mut conn, 10, None).await.unwrap();
-    assert_eq!(swept.reaped.len(), 1);
+    assert_eq!(swept.leases.len(), 1);
     live(&mut conn, "more-", 2).await;
 
     // Another daemon is in the middle of a recount: it holds the row.
@@ -355,7 +355,7 @@ async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_sna
     let mut stuck = db.connect().await;
     let mut tx = stuck.begin().await.unwrap();
     let batch = locks::reap_expired(&mut tx, 100, None).await.unwrap();
-    assert_eq!(batch.reaped.len(), 8);
+    assert_eq!(batch.leases.len(), 8);
 
     // A recount and another daemon's pass meanwhile neither wait for it nor
     // see it.

@@ -60,7 +60,8 @@ pub const EXPECTED: &[Object] = &[
     // Batches handed off before their lines are written
     // (migrations/20261202000100_…).
     Object::Table("lock_reap_handoff"),
-    Object::Function("lock_handoff_put"),
+    Object::Function("lock_reap_expired_handed_off"),
+    Object::Function("lock_reap_expired_walk_handed_off"),
     Object::Function("lock_handoff_claim"),
     Object::Function("lock_handoff_recover"),
     // Job leases (migrations/20261129000200_job_queue.sql).
@@ -83,7 +84,7 @@ pub const EXPECTED: &[Object] = &[
     // Apply reports handed off before their lines are written
     // (migrations/20261202000100_…).
     Object::Table("job_reap_handoff"),
-    Object::Function("fn_job_reap_handoff_put"),
+    Object::Function("fn_job_reap_stale_leases_apply_handed_off"),
     Object::Function("fn_job_reap_handoff_claim"),
     Object::Function("fn_job_reap_handoff_recover"),
     Object::Function("fn_job_reap_handoff_abandoned"),
@@ -131,9 +132,14 @@ pub const GRANTS: &[Grant] = &[
         why: "the sweep drains recorded takeovers through it",
     },
     Grant {
-        on: Object::Function("lock_handoff_put"),
+        on: Object::Function("lock_reap_expired_handed_off"),
         privileges: &["EXECUTE"],
-        why: "a reaped batch is recorded before its leases' row locks end",
+        why: "the sweep deletes expired leases and records them in one call, so their row locks end before their lines are written",
+    },
+    Grant {
+        on: Object::Function("lock_reap_expired_walk_handed_off"),
+        privileges: &["EXECUTE"],
+        why: "the sweep drains a backlog the same way, walking the heap",
     },
     Grant {
         on: Object::Function("lock_handoff_claim"),
@@ -185,9 +191,9 @@ pub const GRANTS: &[Grant] = &[
         why: "the daemon reaps stale job leases when the gates allow",
     },
     Grant {
-        on: Object::Function("fn_job_reap_handoff_put"),
+        on: Object::Function("fn_job_reap_stale_leases_apply_handed_off"),
         privileges: &["EXECUTE"],
-        why: "an applied batch is recorded before its jobs' row locks end",
+        why: "the daemon reaps stale job leases and records the report in one call, so the jobs' row locks end before their lines are written",
     },
     Grant {
         on: Object::Function("fn_job_reap_handoff_claim"),
