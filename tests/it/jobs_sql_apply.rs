@@ -253,10 +253,13 @@ async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does
         0
     );
 
-    // PostgreSQL itself holds the dry run to read-only; the apply is the definer.
+    // PostgreSQL itself holds the dry run to read-only; the apply is the
+    // definer (the daemon's call around it, which also records the report,
+    // is the other one).
     let props: Vec<(String, String, bool, Vec<String>)> = sqlx::query_as(
         "SELECT proname::text, provolatile::text, prosecdef, coalesce(proconfig, '{}')
-           FROM pg_proc WHERE proname LIKE 'fn_job_reap_stale_leases_%' ORDER BY proname",
+           FROM pg_proc WHERE proname IN ('fn_job_reap_stale_leases_apply', 'fn_job_reap_stale_leases_dry_run')
+          ORDER BY proname",
     )
     .fetch_all(&mut conn)
     .await
