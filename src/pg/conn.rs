@@ -2,8 +2,9 @@
 //! failures are told.
 //!
 //! Owns connecting (through the host walk of `pgconn`), the guards every
-//! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order "report,
-//! then commit" of every batch, dropping a connection after any error so the
+//! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order of every
+//! batch ("report, then commit"; for a handed-off batch "commit, claim the
+//! hand-off, report, commit"), dropping a connection after any error so the
 //! next call walks the hosts again (a failover), and describing failures with
 //! their real cause and one clear word (a hot standby, a pooler, TLS) instead
 //! of a pool's "timed out". It owns no SQL besides the guards; the schema is

@@ -1,10 +1,13 @@
 //! The PostgreSQL lock backend (`backend=pg`).
 //!
-//! Owns the transaction around each batch, which is where "at least once,
-//! never lost" is made: delete with RETURNING, report the rows (the caller
-//! writes and flushes their lines), and only then commit. A failed report or
-//! a dropped connection rolls the batch back, so the rows stay for the next
-//! sweep. It also owns how a sweep finds its rows cheaply: one probe
+//! Owns the two transactions of each batch, which is where "at least once,
+//! never lost" is made without the lock server waiting on the lines: one
+//! call deletes the batch and records it in a hand-off row, and commits (the
+//! leases' row locks end there); then the hand-off is claimed, the rows
+//! reported (the caller writes and flushes their lines), and the claim
+//! committed. A failed report or a dropped connection leaves the hand-off
+//! for any sweeper to recover, so nothing is lost. It also owns how a sweep
+//! finds its rows cheaply: one probe
 //! statement for an idle sweep, the expiry index for a few expired leases, a
 //! walk of the heap in page order for a backlog, and the held-lease count
 //! the whole fleet shares. The statements themselves are in `lock_entry`;

@@ -5,8 +5,10 @@
 //! Owns, once per pass: asking whether the gates allow reaping, logging a
 //! change of that answer once at INFO (never once per pass), applying batch
 //! by batch while they do, one WARN `job_lease_expired` line per action
-//! written before its batch commits, `queue.lease.reaped` counts flushed with
-//! each batch, and the `queue.lease.stale.current` gauge. Timing, shutdown
+//! written before its batch's hand-off is gone (the jobs' row locks end
+//! before the lines are written), reporting a hand-off another reaper left,
+//! `queue.lease.reaped` counts flushed with each batch, and the
+//! `queue.lease.stale.current` gauge. Timing, shutdown
 //! and error logging are `sweep::run`'s; it runs in its own loop on its own
 //! connection, so it never holds up the lock sweeper.
 //!
@@ -24,13 +26,14 @@ use crate::pg::job_queue::{ApplyBatch, Gates, PgJobQueue};
 use crate::store::StoreError;
 use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
 
-/// Most stale jobs one apply transaction handles: apply's own maximum.
-/// Measured (docs/performance.md): 100,000 stale jobs took 4.6-4.9 s in
-/// batches of 1,000 against 3.3 s in batches of 10,000, because each batch's
-/// scan of the stale index steps over the entries earlier batches left. A
-/// 10,000 batch holds its row locks for about 0.3 s and buffers about 3 MB of
-/// lines before its commit; the pass loops until a short batch, so a backlog
-/// still drains in one pass.
+/// Most stale jobs one apply transaction handles. The apply holds its rows
+/// for its statement, about 50 µs of server CPU a job (docs/performance.md),
+/// and shares the machine with the workers while a backlog drains: 1,000
+/// keeps a statement near 50 ms. Larger batches drain faster (100,000 stale
+/// jobs took 3.3 s in batches of 10,000 against 4.6-4.9 s in batches of
+/// 1,000 on an idle database, each batch's scan of the stale index stepping
+/// over the entries earlier batches left); the pass loops until a short
+/// batch, so a backlog still drains in one pass.
 pub const JOB_BATCH_SIZE: i32 = 1_000;
 
 /// The `backend` tag: the job queue lives only in PostgreSQL.

@@ -2,11 +2,12 @@
 //! takeovers, batch by batch, and reports the held-lease gauge.
 //!
 //! Owns the lock-expiry signal's pass: each batch's `lease_expired` lines go
-//! out (through `output::events`) before its transaction commits, and its
+//! out (through `output::events`) before its last record is gone, and its
 //! `lock.lease.expired` count is flushed with it, so a long drain never holds
-//! committed counts. It returns counts and leaves timing, shutdown and error
-//! logging to `sweep::run`. It knows no SQL and no backend: it talks to a
-//! `LockStore`.
+//! committed counts; and the batch size, smaller while lock-server calls
+//! wait on the sweep. It returns counts and leaves timing, shutdown and
+//! error logging to `sweep::run`. It knows no SQL and no backend: it talks
+//! to a `LockStore`.
 
 use std::time::Duration;
 
