@@ -121,17 +121,25 @@ $$;
 -- that touched a lease of the batch and queued behind its row lock. Asked
 -- at the end of each reaping call, before its commit, while every such
 -- waiter still waits; the sweeper takes smaller batches while it sees any.
--- pg_locks is readable by every role. No transaction id yet: nothing was
--- deleted, so nobody can wait.
+-- A waiter waits on the transaction id that locked the row, which is a
+-- subtransaction's (lock_reap_expired reaps inside one), so it is matched
+-- against every transaction id this backend holds, from one read of
+-- pg_locks (readable by every role).
 CREATE FUNCTION lock_reap_waiters() RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
+    WITH l AS MATERIALIZED (
+        SELECT k.locktype, k.transactionid, k.pid, k.granted FROM pg_catalog.pg_locks AS k
+    )
     SELECT pg_catalog.count(*)::pg_catalog.int4
-      FROM pg_catalog.pg_locks AS l
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'transactionid'
-       AND NOT l.granted
-       AND l.transactionid OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id_if_assigned())
+      FROM l AS w
+     WHERE w.locktype OPERATOR(pg_catalog.=) 'transactionid'
+       AND NOT w.granted
+       AND w.transactionid IN (SELECT h.transactionid FROM l AS h
+                                WHERE h.locktype OPERATOR(pg_catalog.=) 'transactionid'
+                                  AND h.granted
+                                  AND h.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
 $$;
 REVOKE ALL ON FUNCTION lock_reap_waiters() FROM PUBLIC;
 

@@ -252,7 +252,9 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
     });
     poll(Duration::from_secs(20), "the reap to stop", async || {
         let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4243 AND NOT granted",
+            "SELECT count(*) FROM pg_locks
+              WHERE locktype = 'advisory' AND objid = 4243 AND NOT granted
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .fetch_one(&mut conn)
         .await
@@ -262,6 +264,10 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
     .await;
     // A lock-server call on a key of the batch queues behind it.
     let mut caller = db.connect().await;
+    let caller_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut caller)
+        .await
+        .unwrap();
     let acquire = tokio::spawn(async move {
         sqlx::query_scalar::<_, Option<i64>>("SELECT lock_acquire('busy-7', 'new-holder', 60000)")
             .fetch_one(&mut caller)
@@ -269,9 +275,11 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
             .unwrap()
     });
     poll(Duration::from_secs(20), "the acquire to wait", async || {
+        // This test's caller, not another test's on the same cluster.
         let queued: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted AND pid = $1",
         )
+        .bind(caller_pid)
         .fetch_one(&mut conn)
         .await
         .unwrap();
