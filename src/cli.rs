@@ -497,7 +497,8 @@ pub enum Command {
     ///
     /// Each sweep deletes every lock lease whose deadline has passed (by the
     /// database's clock) in batches, writes one logfmt WARN `lease_expired`
-    /// line per lease to stdout before committing, adds to the StatsD counter
+    /// line per lease to stdout (after the batch is released, before its
+    /// record is gone), adds to the StatsD counter
     /// `lock.lease.expired`, reports `lock.held.current`, and, when the three
     /// queue gates allow, reaps stale job leases. Database errors are logged
     /// at ERROR and the next sweep still runs. The first signal stops after

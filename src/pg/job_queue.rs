@@ -7,7 +7,7 @@
 //! CLI can print exactly what the database said. `PgJobQueue` runs them for
 //! the job reaper on its own connection, decodes the JSON into `model`'s
 //! shapes and writes an apply batch's lines (through the caller's `report`)
-//! before it commits. The reaping rules (gates, backoff, dead letters) are
+//! once its jobs are committed and before the batch's hand-off is deleted. The reaping rules (gates, backoff, dead letters) are
 //! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
 //! ERROR line per job the database set aside (`job_set_aside`).
 
