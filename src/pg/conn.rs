@@ -370,15 +370,13 @@ pub async fn report_then_commit<T>(
     if !rows.is_empty() {
         report(rows).map_err(BatchFailure::Report)?;
     }
-    tx.commit()
-        .await
-        .map_err(|e| BatchFailure::Query("COMMIT", e))
+    commit(tx).await
 }
 
-/// Commits a batch that was handed off (its rows recorded in a hand-off row
-/// by the caller's last statement), so the reaped rows' locks end now, not
-/// after their lines are written.
-pub async fn commit_hand_off(tx: Transaction<'_, Postgres>) -> Result<(), BatchFailure> {
+/// Commits a batch's transaction: after its lines were written, or, for a
+/// batch the reaping call handed off, at once, so the reaped rows' locks end
+/// before their lines are written.
+pub async fn commit(tx: Transaction<'_, Postgres>) -> Result<(), BatchFailure> {
     tx.commit()
         .await
         .map_err(|e| BatchFailure::Query("COMMIT", e))

@@ -321,7 +321,7 @@ async fn apply_in_tx(
     // The reaped jobs' row locks would hold up a worker's heartbeat or
     // completion of them: the call handed the report off, so commit first,
     // then write the lines.
-    conn::commit_hand_off(tx).await?;
+    conn::commit(tx).await?;
     let Some(id) = handoff_id else {
         return Ok(ApplyBatch::Applied(report_json));
     };

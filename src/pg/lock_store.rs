@@ -239,7 +239,7 @@ async fn batch_in_tx(
         }
     };
     log_set_aside(&batch.set_aside);
-    conn::commit_hand_off(tx).await?;
+    conn::commit(tx).await?;
     if let Some(id) = batch.handoff_id {
         let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
         conn::claim_then_report(conn, "lock_handoff_claim", claim, &batch.leases, report).await?;
