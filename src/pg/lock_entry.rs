@@ -50,7 +50,10 @@ pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_ag
 ///
 /// `waiters` counts the sessions queued behind the batch's row locks when
 /// it ended (lock-server calls on its keys), so the sweep can take smaller
-/// batches while the lock server is contending with it.
+/// batches while the lock server is contending with it. It is a signal,
+/// not a tally: the index reap deletes in a subtransaction, and a caller
+/// queued on it is moved to the transaction when the subtransaction ends,
+/// so one caught moving at that instant is not counted; a storm has many.
 ///
 /// `$2` resumes the index scan at the deadline (epoch milliseconds) of the
 /// newest lease the previous batch of the same sweep reaped, instead of

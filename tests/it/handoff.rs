@@ -231,14 +231,17 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "busy-", 100, 5_000).await;
-    // The reaping statement stops on the marker's row, every row of the
-    // batch locked, until the test lets it go.
+    // The reaping call stops as it records its hand-off, the batch deleted
+    // and every row still locked, until the test lets it go. (Held there,
+    // not inside the delete: the index reap deletes in a subtransaction,
+    // and a caller queued on that subtransaction is moved to the
+    // transaction when it ends, so for a moment it waits on neither.)
     exec(
         &mut conn,
-        "CREATE FUNCTION test_hold_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN PERFORM pg_advisory_xact_lock(4243); RETURN OLD; END $$;
-         CREATE TRIGGER test_hold_delete BEFORE DELETE ON lock_entry FOR EACH ROW
-           WHEN (OLD.lock_key = 'busy-50') EXECUTE FUNCTION test_hold_delete();
+        "CREATE FUNCTION test_hold_handoff() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock(4243); RETURN NEW; END $$;
+         CREATE TRIGGER test_hold_handoff BEFORE INSERT ON lock_reap_handoff FOR EACH ROW
+           EXECUTE FUNCTION test_hold_handoff();
          SELECT pg_advisory_lock(4243);",
     )
     .await;
