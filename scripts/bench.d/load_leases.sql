@@ -7,9 +7,15 @@
 --   spread when > 0 (seconds): deadlines spread evenly over `spread`
 --          seconds starting `lead` seconds from now (lag case: leases
 --          expire at a steady n/spread per second), overriding `past`;
---   lead   seconds before the first deadline (covers the load itself).
+--   lead   seconds before the first deadline (covers the load itself);
+--   prefix the keys' first segment (default `orders`), so two loads into one
+--          table do not collide.
 -- One lease in 16 belongs to a session, as on a lock server with sessions.
 \set ON_ERROR_STOP 1
+\if :{?prefix}
+\else
+\set prefix orders
+\endif
 INSERT INTO lock_session (session_id, owner_id, expires_at)
 SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(s), 12, '0'))::uuid,
        'host-' || (s % 8) || '/worker-' || s, now() + interval '1 day'
@@ -17,7 +23,7 @@ SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(s), 12, '0'))::uuid,
 ON CONFLICT DO NOTHING;
 
 INSERT INTO lock_entry (lock_key, session_id, owner_id, token, acquired_at, expires_at)
-SELECT 'orders/' || md5(g::text) || '/' || g,
+SELECT :'prefix' || '/' || md5(g::text) || '/' || g,
        CASE WHEN g % 16 = 0
             THEN ('00000000-0000-4000-8000-' || lpad(to_hex(1 + g % 64), 12, '0'))::uuid END,
        'host-' || (g % 8) || '/worker-' || (g % 64),
