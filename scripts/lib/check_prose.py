@@ -699,7 +699,8 @@ CONST_PHRASES = [
 # Counted phrases that must say the same number wherever they appear; a
 # phrase whose number the tree holds is compared with that instead.
 FACT_PHRASES = [
-    ("gates", re.compile(NUM + r" (?:operator |queue )?gates\b", re.I)),
+    # "the first two gates" counts part of them, not all.
+    ("gates", re.compile(r"(?<!first )(?<!other )(?<!last )" + NUM + r" (?:operator |queue )?gates\b", re.I)),
     ("tuning settings", re.compile(NUM + r" tuning settings\b", re.I)),
     ("settings `gates` shows", re.compile(NUM + r" settings\b(?! of)", re.I)),
     ("connections per daemon", re.compile(
