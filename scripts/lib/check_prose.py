@@ -727,7 +727,7 @@ def fact_truths(root):
     return out
 
 
-def figure_texts(root):
+def figure_texts():
     """(file, [(line number, text)]) of every shipped text: what `paths` reads."""
     return [(f, lines) for f, lines, _ in cited_texts()]
 
@@ -736,7 +736,7 @@ def check_figures():
     consts = constants(ROOT)
     truths = fact_truths(ROOT)
     seen = {}  # FACT_PHRASES name -> {number: first (file, line)}
-    for f, lines in figure_texts(ROOT):
+    for f, lines in figure_texts():
         for i, (no, first) in enumerate(lines):
             # A figure may be wrapped onto the next line (`BATCH_SIZE`\n(5,000)):
             # read the pair, keep what starts on this one.
