@@ -853,8 +853,8 @@ PLANTED = [
     ("systemd/lease-sweeper.service", "\n# a 2-second sweep delay\n", "stands for `SWEEP_DELAY`"),
     ("src/notify.rs", None, "states `JOB_BATCH_SIZE` as 10, but"),
 ]
-SCRATCH = ("README.md", "Cargo.toml", "docs", "src", "crates", "systemd", "deploy", "man", "migrations",
-           "debian", "tests", "scripts")
+# What the figure check reads, copied for the self-test.
+SCRATCH = ("README.md", "docs", "src", "crates", "systemd", "deploy", "man", "migrations")
 
 
 def self_test():
