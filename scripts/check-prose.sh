@@ -4,8 +4,10 @@
 # module paths and test names exist, every environment variable the code
 # reads is in README's table, every event it logs is in
 # docs/metrics-and-logs.md, the `check` samples show today's migration and
-# check counts, and nothing refers to documents or trackers outside the
-# repository. Each finding is one line, `file:line: what; what to do`
+# check counts, a figure with a named home (a constant, a count the tree
+# holds) is not stated elsewhere with another value, a counted phrase says
+# the same number everywhere, and nothing refers to documents or trackers
+# outside the repository. Each finding is one line, `file:line: what; what to do`
 # (scripts/lib/check_prose.py says exactly what is checked).
 #
 # Two tests finish the job where a database or the binary is needed:
@@ -14,8 +16,11 @@
 # `man::the_committed_man_pages_match_the_command_line` (man/ against the CLI).
 #
 # Usage: scripts/check-prose.sh    exit 0 when nothing is found, 1 otherwise.
+# First it proves its figure check can fail: it plants drifts in a scratch
+# copy of the tree and stops (exit 1) unless each is found.
 # Needs: python3. Starts nothing, builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || { echo "python3 is not installed: apt-get install python3" >&2; exit 1; }
+python3 scripts/lib/check_prose.py . --self-test
 exec python3 scripts/lib/check_prose.py .

@@ -37,6 +37,18 @@ Owns the checks that need no database and no build, each finding printed as
              migrations/, or whose number of checks differs from the one in
              `check --help` (itself compared with a real run of `check` by
              the test `check_command::the_check_help_sample_counts_what_check_runs`);
+  figures    a figure with a named home stated elsewhere with another value:
+             a numeric constant of src/ or crates/*/src (`BATCH_SIZE`,
+             `DRAIN_GRACE`) named next to a number (`BATCH_SIZE` (4,000),
+             3 s (`DRAIN_GRACE`)), a phrase that stands for one (`a 1-second
+             sweep delay`, `batches of 1,000 jobs`), or a count the tree
+             itself holds (`N migrations`, `N definer functions` against the
+             least-privilege table); and a counted phrase of FACT_PHRASES
+             (`three gates`, `two tuning settings`, `N connections per
+             daemon`) that appears with different numbers in different places.
+             It reads every text `paths` reads, CHANGELOG.md excepted (its
+             entries are history). `--self-test` plants drifts in a scratch
+             tree and fails unless each is found;
   package    debian/changelog's latest version, or a `.deb` file name in the
              prose, that is not the version Cargo.toml builds;
   outside    a reference to something outside the repository (a design
@@ -51,7 +63,8 @@ It does not judge style or truth beyond these facts, and it does not run the
 binary (the man pages are compared with the CLI by the test
 `man::the_committed_man_pages_match_the_command_line`).
 
-Usage: check_prose.py [REPO]   exit 0 when nothing is found, 1 otherwise.
+Usage: check_prose.py [REPO] [--only CHECK,…]   exit 0 when nothing is found, 1 otherwise.
+       check_prose.py [REPO] --self-test        plant drifts in a scratch copy; exit 1 unless each is found.
 """
 
 import os
@@ -60,7 +73,7 @@ import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+ROOT = Path(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else ".").resolve()
 
 # Top-level directories whose paths prose may cite.
 CITABLE = ("src", "tests", "scripts", "migrations", "deploy", "docs", "systemd", "man", "debian", "crates")
@@ -595,6 +608,190 @@ def check_samples():
              "show a sample verdict line in CHECK_HELP")
 
 
+# ---- figures --------------------------------------------------------------------
+
+WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+         "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+# A number as prose writes it: 5,000, 5_000, 2.5, or a word up to twelve;
+# never the second half of a range (15–46) or of a version (0.9).
+NUM = r"(?<![\d.,_–-])(\d{1,3}(?:[,_]\d{3})+|\d+(?:\.\d+)?|" + "|".join(WORDS) + r")(?![\d_]|[.,]\d)"
+UNIT = r"(?:[- ]?(ms|milliseconds?|s|secs?|seconds?|min|minutes?|h|hours?|KiB|MiB|bytes?)\b)?"
+TIME_UNITS = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "sec": 1, "secs": 1,
+              "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
+              "hour": 3600, "hours": 3600}
+SIZE_UNITS = {"KiB": 1024, "MiB": 1024 * 1024, "byte": 1, "bytes": 1}
+
+
+def number(text):
+    text = text.lower()
+    if text in WORDS:
+        return WORDS[text]
+    return float(text.replace(",", "").replace("_", ""))
+
+
+CONST_RE = re.compile(
+    r"^\s*(?:pub(?:\([^)]*\))?\s+)?const\s+([A-Z][A-Z0-9_]*)\s*:\s*(usize|u8|u16|u32|u64|i16|i32|i64|Duration)\s*=\s*([^;]+);",
+    re.M)
+MACRO_RE = re.compile(r"macro_rules!\s+(\w+)\s*\{\s*\(\)\s*=>\s*\{\s*([\d_]+)\s*\};?\s*\}", re.S)
+
+
+def constants(root):
+    """Every numeric constant of src/ and crates/*/src, up to each file's unit
+    tests: name -> (value, "time" | "count", where). Durations are in seconds;
+    a name defined twice with different values is left out (it names two
+    things)."""
+    out, clash = {}, set()
+    files = sorted(root.glob("src/**/*.rs")) + sorted(root.glob("crates/*/src/**/*.rs"))
+    for p in files:
+        text = read(p)
+        cut = text.find("\n#[cfg(test)]")
+        text = text if cut < 0 else text[:cut]
+        macros = {m.group(1): m.group(2) for m in MACRO_RE.finditer(text)}
+        for m in CONST_RE.finditer(text):
+            name, ty, expr = m.group(1), m.group(2), m.group(3).strip()
+            expr = re.sub(r"(\w+)!\(\)", lambda x: macros.get(x.group(1), x.group(0)), expr)
+            if ty == "Duration":
+                d = re.fullmatch(r"Duration::from_(secs|millis)\(([\d_]+)\)", expr)
+                if not d:
+                    continue
+                value, kind = int(d.group(2).replace("_", "")) * (1 if d.group(1) == "secs" else 0.001), "time"
+            else:
+                if not re.fullmatch(r"[\d_]+(?:\s*\*\s*[\d_]+)*", expr):
+                    continue
+                value = 1
+                for factor in expr.split("*"):
+                    value *= int(factor.strip().replace("_", ""))
+                kind = "count"
+            where = f"{p.relative_to(root).as_posix()}:{text.count(chr(10), 0, m.start()) + 1}"
+            if name in out and out[name][0] != value:
+                clash.add(name)
+            out[name] = (value, kind, where)
+    return {k: v for k, v in out.items() if k not in clash}
+
+
+def stated(value_text, unit, kind):
+    """The value a mention states, in the constant's units, or None when it
+    cannot be compared (a duration given without a unit)."""
+    n = number(value_text)
+    if kind == "time":
+        return n * TIME_UNITS[unit] if unit in TIME_UNITS else None
+    if unit in TIME_UNITS:
+        return None
+    return n * SIZE_UNITS.get(unit, 1)
+
+
+def shown(value, kind):
+    if kind == "time":
+        return f"{value:g} s" if value >= 1 else f"{value * 1000:g} ms"
+    return f"{value:,}"
+
+
+# Phrases that stand for a constant without naming it.
+CONST_PHRASES = [
+    (re.compile(NUM + r"[- ](?:s|second)s?\b(?: sweep)? delay\b", re.I), "SWEEP_DELAY", "s"),
+    (re.compile(r"\bsweep delay \(" + NUM + r" ?(s|ms)\)", re.I), "SWEEP_DELAY", None),
+    (re.compile(NUM + r"[- ](?:s|second) drain grace\b", re.I), "DRAIN_GRACE", "s"),
+    (re.compile(r"\b(?:batch(?:es)? of (?:up to |at most )?|transactions of at most )" + NUM + r" jobs\b", re.I),
+     "JOB_BATCH_SIZE", ""),
+    (re.compile(NUM + r" jobs a batch\b", re.I), "JOB_BATCH_SIZE", ""),
+]
+
+# Counted phrases that must say the same number wherever they appear; a
+# phrase whose number the tree holds is compared with that instead.
+FACT_PHRASES = [
+    # "the first two gates" counts part of them, not all.
+    ("gates", re.compile(r"(?<!first )(?<!other )(?<!last )" + NUM + r" (?:operator |queue )?gates\b", re.I)),
+    ("tuning settings", re.compile(NUM + r" tuning settings\b", re.I)),
+    ("settings `gates` shows", re.compile(NUM + r" settings\b(?! of)", re.I)),
+    ("connections per daemon", re.compile(
+        r"\b(?:each|a|every) daemon (?:holds|pins|uses|opens|keeps) " + NUM + r" (?:server |client |database )?connections\b", re.I)),
+    ("connections per daemon", re.compile(NUM + r" (?:server |client |database )?connections (?:per|for each|each) daemon\b", re.I)),
+    ("connections per daemon", re.compile(r"\b(?:pool|pools) for " + NUM + r" per daemon\b", re.I)),
+    ("migrations", re.compile(NUM + r" migrations\b", re.I)),
+    ("definer functions", re.compile(NUM + r" (?:SECURITY DEFINER|definer) functions\b", re.I)),
+]
+
+
+def fact_truths(root):
+    """The counts the tree itself holds, by FACT_PHRASES name."""
+    out = {}
+    ups = [p for p in (root / "migrations").glob("*.sql") if not p.name.endswith(".down.sql")]
+    if ups:
+        out["migrations"] = (len(ups), "migrations/ holds")
+    lp = root / "docs" / "least-privilege.md"
+    if lp.exists():
+        section = next((s for s in read(lp).split("\n## ") if s.startswith("2. ")), "")
+        rows = [l for l in section.splitlines() if l.startswith("| `") and "SECURITY DEFINER" in l]
+        if rows:
+            out["definer functions"] = (len(rows), "docs/least-privilege.md §2 grants the role")
+    return out
+
+
+def figure_texts():
+    """(file, [(line number, text)]) of every shipped text: what `paths` reads."""
+    return [(f, lines) for f, lines, _ in cited_texts()]
+
+
+def check_figures():
+    consts = constants(ROOT)
+    truths = fact_truths(ROOT)
+    seen = {}  # FACT_PHRASES name -> {number: first (file, line)}
+    for f, lines in figure_texts():
+        for i, (no, first) in enumerate(lines):
+            # A figure may be wrapped onto the next line (`BATCH_SIZE`\n(5,000)):
+            # read the pair, keep what starts on this one.
+            line = first + " " + (lines[i + 1][1].strip() if i + 1 < len(lines) else "")
+            cut = len(first)
+            for name, (value, kind, where) in consts.items():
+                if name not in line:
+                    continue
+                n = re.escape(name)
+                after = re.compile(r"(?<![A-Za-z0-9_])" + n + r"(?![A-Za-z0-9_])`?\)?\s*(?:[(=:]\s*)?(?:(?:stays|is|of|at)\s+)?~?"
+                                   + NUM + r"\s?" + UNIT)
+                before = re.compile(NUM + r"\s?" + UNIT + r"\s*\(?`?" + n + r"(?![A-Za-z0-9_])")
+                for m in list(after.finditer(line)) + list(before.finditer(line)):
+                    if m.start() >= cut:
+                        continue
+                    got = stated(m.group(1), m.group(2) or "", kind)
+                    if got is not None and abs(got - value) > 1e-9:
+                        find(rel(f), no, f"states `{name}` as {m.group(1)}{' ' + m.group(2) if m.group(2) else ''}, but {where} makes it {shown(value, kind)}",
+                             f"write {shown(value, kind)}, or name the figure without the constant if it is another one")
+            for rx, name, unit in CONST_PHRASES:
+                if name not in consts:
+                    continue
+                value, kind, where = consts[name]
+                for m in rx.finditer(line):
+                    if m.start() >= cut:
+                        continue
+                    u = m.group(2) if unit is None else unit
+                    got = stated(m.group(1), u, kind)
+                    if got is not None and abs(got - value) > 1e-9:
+                        find(rel(f), no, f"`{m.group(0)}` stands for `{name}`, which {where} makes {shown(value, kind)}",
+                             f"write {shown(value, kind)}")
+            for name, rx in FACT_PHRASES:
+                for m in rx.finditer(line):
+                    if m.start() >= cut:
+                        continue
+                    text = next((g for g in m.groups() if g), None)
+                    if text is None:
+                        continue
+                    n = number(text)
+                    if name in truths:
+                        want, source = truths[name]
+                        if n != want:
+                            find(rel(f), no, f"says `{m.group(0)}`, but {source} {want}",
+                                 f"write {want}, or drop the count and link to where it is listed")
+                        continue
+                    seen.setdefault(name, {}).setdefault(n, (rel(f), no, m.group(0)))
+    for name, numbers in seen.items():
+        if len(numbers) < 2:
+            continue
+        places = "; ".join(f"`{t}` at {p}:{l}" for _, (p, l, t) in sorted(numbers.items()))
+        for n, (p, l, t) in sorted(numbers.items()):
+            find(p, l, f"says `{t}`, but the same count of {name} is stated with another number elsewhere ({places})",
+                 "make them agree (one of them has drifted), and keep the count in one place")
+
+
 # ---- package --------------------------------------------------------------------
 
 DEB_RE = re.compile(r"lease-sweeper_(\d[\w.~+]*)-(\d+)_amd64\.deb")
@@ -646,10 +843,79 @@ def check_outside():
                 find(rel(f), no, f"refers outside the repository (`{m.group(0).strip()}`)", OUTSIDE_FIX)
 
 
+# The drifts `--self-test` plants in a scratch copy of the tree, each as
+# (file, text appended, what the finding must say).
+PLANTED = [
+    ("README.md", "\nEach lock batch holds `BATCH_SIZE` (4,000) leases.\n", "states `BATCH_SIZE` as 4,000"),
+    ("docs/operations.md", "\nA sweep waits 5 s\n(`DRAIN_GRACE`) for its batch.\n", "states `DRAIN_GRACE` as 5 s"),
+    ("docs/reliability.md", "\nThe role runs 3 definer functions.\n", "says `3 definer functions`"),
+    ("docs/container.md", "\nThe reaper obeys the four gates.\n", "says `four gates`"),
+    ("systemd/lease-sweeper.service", "\n# a 2-second sweep delay\n", "stands for `SWEEP_DELAY`"),
+    ("src/notify.rs", None, "states `JOB_BATCH_SIZE` as 10, but"),
+]
+# What the figure check reads, copied for the self-test.
+SCRATCH = ("README.md", "docs", "src", "crates", "systemd", "deploy", "man", "migrations")
+
+
+def self_test():
+    """Copies the tree's texts to a scratch directory, checks the copy finds no
+    figure drift, plants each drift of PLANTED and checks each is found."""
+    import shutil
+    import subprocess
+    import tempfile
+    me = Path(__file__).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        for top in SCRATCH:
+            src = ROOT / top
+            if src.is_dir():
+                shutil.copytree(src, scratch / top, ignore=shutil.ignore_patterns("target", ".git"))
+            elif src.exists():
+                shutil.copy2(src, scratch / top)
+
+        def figures():
+            run = subprocess.run([sys.executable, str(me), str(scratch), "--only", "figures"],
+                                 capture_output=True, text=True)
+            return run.returncode, run.stdout
+
+        rc, out = figures()
+        clean = [l for l in out.splitlines() if not l.startswith("check-prose:")]
+        failures = []
+        for path, text, want in PLANTED:
+            f = scratch / path
+            if text is None:
+                # a module doc: inserted after the first `//!` line
+                lines = read(f).splitlines(True)
+                at = next(i for i, l in enumerate(lines) if l.startswith("//!")) + 1
+                lines.insert(at, "//! reaps in batches of `JOB_BATCH_SIZE` (10 jobs).\n")
+                f.write_text("".join(lines), encoding="utf-8")
+            else:
+                f.write_text(read(f) + text, encoding="utf-8")
+        rc2, out2 = figures()
+        for path, _, want in PLANTED:
+            if not any(l.startswith(path + ":") and want in l for l in out2.splitlines()):
+                failures.append(f"planted in {path}, not found: {want}")
+        if rc2 != 1:
+            failures.append(f"the planted tree exited {rc2}, not 1")
+    for line in failures:
+        print(f"check-prose self-test: {line}")
+    print(f"check-prose self-test: {len(PLANTED) - len([x for x in failures if x.startswith('planted')])} of "
+          f"{len(PLANTED)} planted drifts found" + (f"; the unplanted copy had {len(clean)} figure finding(s)" if clean else ""))
+    return 1 if failures else 0
+
+
+CHECKS = {"paths": check_paths, "names": check_names, "modules": check_module_paths, "env": check_env,
+          "events": check_events, "samples": check_samples, "figures": check_figures,
+          "package": check_package, "outside": check_outside}
+
+
 def main():
-    for check in (check_paths, check_names, check_module_paths, check_env, check_events, check_samples,
-                  check_package, check_outside):
-        check()
+    args = sys.argv[2:]
+    if "--self-test" in args:
+        return self_test()
+    only = args[args.index("--only") + 1].split(",") if "--only" in args else list(CHECKS)
+    for name in only:
+        CHECKS[name]()
     for f in findings:
         print(f)
     verdict = "fix each as its line says" if findings else "README.md, docs/ and --help agree with the tree"

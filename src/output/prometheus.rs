@@ -1,26 +1,13 @@
 //! The Prometheus series: their names, help texts, labels and values, and
 //! their rendering in the text exposition format that `GET /metrics` serves.
 //!
-//! Owns the Prometheus half of the metric contract: the six signal series
-//! carry exactly the StatsD names and tag sets, in Prometheus's spelling
-//! (`lock.lease.expired` → `lock_lease_expired_total{backend}`,
-//! `lock.lease.overdue` in ms → `lock_lease_overdue_seconds{backend,reaped_by}`),
-//! and the daemon's own health series (build, failed passes, last success,
-//! pass duration) follow Prometheus's conventions (`_total`, `_seconds`,
-//! base units). Label values are only ever the backend, how a lease was
-//! reaped, the action and the service, all fixed strings: no key, owner or
-//! token ever becomes a label, so the number of series is fixed too. The
-//! lateness histograms observe every lease and job (StatsD samples them;
-//! Prometheus buckets cost the same for one observation or a million).
-//!
-//! It does not listen (`output::scrape` serves what `render` returns) and it
-//! does not decide when a value changes (`output::metrics` is called by the
-//! services).
-//!
-//! metrics-exporter-prometheus renders the classic text format, which both
-//! Prometheus and `promtool check metrics` read; its recorder is used as a
-//! value owned by the daemon, not installed as a global, so nothing else in
-//! the process can add a series to the endpoint.
+//! Owns the Prometheus half of the metric contract: the signal series carry
+//! the StatsD names and tag sets in Prometheus's spelling, the health series
+//! follow Prometheus's conventions, and every label value is a fixed string,
+//! so no key, owner or token becomes a series. It does not listen
+//! (`output::scrape` serves what `render` returns) nor decide when a value
+//! changes (`output::metrics` does). Why metrics-exporter-prometheus, as a
+//! recorder the daemon owns: docs/decisions.md, section 13.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

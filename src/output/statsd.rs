@@ -1,24 +1,14 @@
 //! StatsD delivery: the buffer that metric lines wait in, and the one sender
 //! thread that resolves the host and sends them over UDP.
 //!
-//! Owns the delivery discipline. `Statsd::flush` is called on the sweep's
-//! path (after every committed batch and every pass) and only hands the
-//! buffered lines over to the sender: it takes a mutex for a moment and never
-//! waits on DNS or the network, so an agent whose name never resolves costs
-//! the sweep nothing. The sender resolves the host when it has something to
-//! send, again after any failure (at most every `RETRY_PAUSE`), and sends;
-//! what waits meanwhile is kept, bounded (oldest dropped), and sent once the
-//! host can be reached. `Statsd::finish` gives the sender a short bound at
-//! shutdown. Metrics are best effort; sweeping is not, so nothing here
-//! returns an error. It does not name metrics or tags (`output::metrics`
-//! does).
-//!
-//! cadence formats the lines; the sink is ours because cadence's UDP sinks
-//! resolve once at construction and buffer without a timed flush (see
-//! docs/decisions.md). The sender is a thread, not a task: a name lookup
-//! blocks in the C library and cannot be cancelled, and a blocking task would
-//! hold up the runtime's shutdown until the lookup gave up, where a thread
-//! simply ends with the process.
+//! Owns the delivery discipline: `Statsd::flush`, on the sweep's path, only
+//! hands the buffered lines to the sender, so DNS and the network never hold
+//! up a sweep; the sender resolves when it has something to send (again after
+//! a failure, at most every `RETRY_PAUSE`), keeps what waits bounded, and gets
+//! a short bound at shutdown (`Statsd::finish`). Metrics are best effort, so
+//! nothing here returns an error. It does not name metrics or tags
+//! (`output::metrics` does). Why cadence, our own sink and a thread:
+//! docs/decisions.md, section 2.
 
 use std::collections::VecDeque;
 use std::io;

@@ -2,27 +2,13 @@
 //! `ExecStartPre`.
 //!
 //! Owns the list of what the daemon needs from its environment and checking
-//! each item once: where the target came from and the connection (each host
-//! within the target's own `connect_timeout`, as the daemon's walk), the
-//! migration version, the tables, indexes and functions, the connecting
-//! role's privileges, who owns the definer functions, and that the StatsD
-//! host resolves. It prints one line per check on stdout, `ok`, `warn` (a
-//! finding worth acting on that does not stop the daemon) or `FAIL` (with
-//! what to do), then a summary, and exits 0 unless a line is `FAIL`, 1
-//! otherwise (2 stays "configuration error", as everywhere).
-//!
-//! It changes nothing and never prints a password: the database is named by
-//! `DbTarget::display`, and every error text goes through its redactor.
-//!
-//! It is data-driven on purpose: the schema grows in `migrations/` by other
-//! hands, and adding a table, index, function or grant to check is one line in
-//! `EXPECTED` or `GRANTS` (`inventory`). The parts: `inventory` (what is
-//! checked), `connection` (reaching the database and StatsD), `schema` (what
-//! is asked once connected) and `report` (the lines and the verdict); this
-//! file runs them in order. The statements it sends are `pg::catalog`'s; this
-//! module owns only the wording and the status of each line. It does not own
-//! the SQL of the sweep, nor decide whether a failed check blocks the daemon
-//! (the unit file does).
+//! each item once, one `ok`/`warn`/`FAIL` line on stdout each, then a verdict
+//! (exit 1 on a `FAIL`, 2 for a configuration error). It changes nothing and
+//! never prints a password (`DbTarget::display` and its redactor). Adding an
+//! item is one line in `inventory`'s `EXPECTED` or `GRANTS`; `connection`
+//! reaches the database and StatsD, `schema` asks once connected (through
+//! `pg::catalog`'s statements), `report` words the lines. It does not decide
+//! whether a failed check blocks the daemon (the unit file does).
 
 use std::process::ExitCode;
 use std::time::Duration;
