@@ -115,3 +115,28 @@ BEGIN
       FROM gone AS g;
 END
 $$;
+
+-- Follow the installing schema, as migrations/20261130000120_privilege_holes.sql
+-- asks of every later migration that creates a pinned definer (idempotent).
+DO $$
+DECLARE
+    v_schema text := pg_catalog.current_schema();
+    f        record;
+BEGIN
+    IF v_schema IS NULL THEN
+        RAISE EXCEPTION 'no schema to install into: search_path names no existing schema; set it (e.g. ?options=-c%%20search_path%%3Dpublic) and run lease-sweeper migrate again'
+            USING ERRCODE = '3F000';
+    END IF;
+    IF v_schema = 'public' THEN
+        RETURN;
+    END IF;
+    FOR f IN
+        SELECT p.oid::pg_catalog.regprocedure AS fn
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = v_schema::pg_catalog.regnamespace
+           AND 'search_path=pg_catalog, public, pg_temp' OPERATOR(pg_catalog.=) ANY (p.proconfig)
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp', f.fn, v_schema);
+    END LOOP;
+END
+$$;
