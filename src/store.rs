@@ -27,40 +27,77 @@ pub struct Reaped {
     pub waiters: u32,
 }
 
-/// What a sweep needs from a lock backend.
+/// A lock backend, as a sweep uses it.
 ///
-/// Each reaping method takes at most `limit` leases off the table and calls
+/// A sweep is three stages, each a type, so no caller can run them out of
+/// order or carry one sweep's answers into the next:
+///
+/// 1. `begin_sweep` opens the sweep. A backend may ask here, in one cheap
+///    statement, whether anything expired or was taken over and how many
+///    leases are held (`PgLockStore` does); the returned value owns that
+///    answer until the sweep ends.
+/// 2. `ExpiryStage::reap_expired`, called until a batch comes back short
+///    (fewer than its `limit`), then `into_takeovers`.
+/// 3. `TakeoverStage::drain_takeovers`, called until a batch comes back
+///    short, then `held_count`, which ends the sweep.
+///
+/// A stage dropped early (an error, or a shutdown between batches) abandons
+/// the sweep; the next `begin_sweep` starts from nothing.
+///
+/// Each reaping call takes at most `limit` leases off the table and calls
 /// `report` with them before their last durable record is gone, so a crash
 /// can repeat a line but never lose one; if `report` fails, that record
 /// stays and a later call reports the leases. The leases themselves are
 /// released first: nothing the lock server does waits while their lines
 /// are written (`PgLockStore` commits the deletion together with a
 /// hand-off row and deletes that row once the lines are out). Several
-/// replicas may call these at the same time: a lease goes to exactly one of
-/// them. Each returns how many leases it took, for the drain rule; what it
-/// reported went through `report`.
+/// replicas may sweep at the same time: a lease goes to exactly one of
+/// them.
 pub trait LockStore: Send {
+    /// One sweep's first stage; it may borrow the store's connection.
+    type Sweep<'s>: ExpiryStage
+    where
+        Self: 's;
+
     /// The `backend` tag on every line and metric (`pg`, later `etcd`).
     fn backend_id(&self) -> &'static str;
 
-    /// Deletes up to `limit` leases whose deadline has passed.
+    /// Opens a sweep.
+    fn begin_sweep(&mut self) -> impl Future<Output = Result<Self::Sweep<'_>, StoreError>> + Send;
+}
+
+/// A sweep's first stage: leases whose deadline has passed.
+pub trait ExpiryStage: Send {
+    /// The stage that follows.
+    type Takeovers: TakeoverStage;
+
+    /// Deletes up to `limit` leases whose deadline has passed; how many it
+    /// took, for the drain rule, and whether lock-server calls waited on it.
     fn reap_expired(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 
+    /// Ends the reaping of expired leases.
+    fn into_takeovers(self) -> Self::Takeovers;
+}
+
+/// A sweep's second and last stage: recorded takeovers, then the gauge.
+pub trait TakeoverStage: Send {
     /// Drains up to `limit` recorded takeovers of expired leases, and any
     /// batch a sweeper took off the table but did not get to report (it
     /// died, or its output failed): its leases come as `reapedBy=sweep`.
+    /// How many leases it reported.
     fn drain_takeovers(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Leases currently held (for the `lock.held.current` gauge).
-    fn held_count(&mut self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    /// Leases currently held (for the `lock.held.current` gauge), this
+    /// sweep's deletions already subtracted. Ends the sweep.
+    fn held_count(self) -> impl Future<Output = Result<i64, StoreError>> + Send;
 }
 
 /// Which database work a failure interrupted: the words an operator reads

@@ -66,7 +66,7 @@ pub mod model {
 }
 
 pub mod store {
-    pub use crate::store::{LockStore, Reaped, StoreError};
+    pub use crate::store::{ExpiryStage, LockStore, Reaped, StoreError};
 }
 
 pub mod sweep {

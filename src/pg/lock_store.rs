@@ -20,19 +20,33 @@ use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{LockStore, Reaped, StoreError, Work};
+use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
 pub struct PgLockStore {
     db: Db,
-    /// Where the next expired-lease batch starts.
+}
+
+/// A sweep's first stage (`ExpiryStage`): what its probe found and where
+/// its next batch starts.
+pub struct PgSweep<'s> {
+    store: &'s mut PgLockStore,
+    probe: Probe,
+    /// The probe was asked since the last batch (`begin_sweep` asks it for
+    /// the first one).
+    probed: bool,
     next: Next,
     /// The walk ran out of its page budget during this sweep (expired rows
     /// are sparse): the rest of the sweep uses the index.
     sparse: bool,
-    /// What this sweep's probe found, until the sweep has used it.
-    probe: Option<Probe>,
+}
+
+/// A sweep's second stage (`TakeoverStage`): the probe's answer, for
+/// whether takeovers wait and for the held count.
+pub struct PgTakeovers<'s> {
+    store: &'s mut PgLockStore,
+    probe: Probe,
 }
 
 /// The answer of `lock_sweep_probe`, asked before the first batch of a
@@ -101,9 +115,6 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target, Work::LockLeases),
-            next: Next::Oldest,
-            sparse: false,
-            probe: None,
         }
     }
 
@@ -119,6 +130,22 @@ impl PgLockStore {
             .map_err(|failure| self.db.batch_failed(failure))
     }
 
+    /// Asks whether anything expired or was taken over, and the shared count:
+    /// one simple-protocol round trip (`conn::probe_row`).
+    async fn probe(&mut self) -> Result<Probe, StoreError> {
+        let conn = self.db.conn().await?;
+        match locks::sweep_probe(conn).await {
+            Ok(found) => Ok(Probe {
+                takeovers: found.takeovers,
+                held: found.held,
+                unchanged: !found.expired,
+            }),
+            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
+        }
+    }
+}
+
+impl PgSweep<'_> {
     /// One batch by the expiry index, after `after_millis` (`None`: all).
     async fn index_batch(
         &mut self,
@@ -127,6 +154,7 @@ impl PgLockStore {
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
         let done = self
+            .store
             .batch(Reap::Index { after_millis }, limit, report)
             .await?;
         self.next = if done.n < limit as usize {
@@ -148,7 +176,11 @@ impl PgLockStore {
             Next::Oldest => self.index_batch(None, limit, report).await,
             Next::After(after) => self.index_batch(Some(after), limit, report).await,
             Next::Walk(from_page) => {
-                let done = match self.batch(Reap::Walk { from_page }, limit, report).await {
+                let walked = self
+                    .store
+                    .batch(Reap::Walk { from_page }, limit, report)
+                    .await;
+                let done = match walked {
                     Ok(done) => done,
                     // A walk batch that failed rolled back whole (a row that
                     // cannot be deleted, say). The index reap sets such a row
@@ -181,20 +213,6 @@ impl PgLockStore {
                     waiters: done.waiters.max(more.waiters),
                 })
             }
-        }
-    }
-
-    /// Asks whether anything expired or was taken over, and the shared count:
-    /// one simple-protocol round trip (`conn::probe_row`).
-    async fn probe(&mut self) -> Result<Probe, StoreError> {
-        let conn = self.db.conn().await?;
-        match locks::sweep_probe(conn).await {
-            Ok(found) => Ok(Probe {
-                takeovers: found.takeovers,
-                held: found.held,
-                unchanged: !found.expired,
-            }),
-            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
         }
     }
 }
@@ -284,9 +302,27 @@ fn log_set_aside(rows: &[locks::SetAsideLease]) {
 }
 
 impl LockStore for PgLockStore {
+    type Sweep<'s> = PgSweep<'s>;
+
     fn backend_id(&self) -> &'static str {
         "pg"
     }
+
+    async fn begin_sweep(&mut self) -> Result<PgSweep<'_>, StoreError> {
+        // Asked before the first batch: an idle sweep ends on this answer.
+        let probe = self.probe().await?;
+        Ok(PgSweep {
+            store: self,
+            probe,
+            probed: true,
+            next: Next::Oldest,
+            sparse: false,
+        })
+    }
+}
+
+impl<'s> ExpiryStage for PgSweep<'s> {
+    type Takeovers = PgTakeovers<'s>;
 
     async fn reap_expired(
         &mut self,
@@ -295,17 +331,18 @@ impl LockStore for PgLockStore {
     ) -> Result<Reaped, StoreError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         if self.next == Next::Oldest {
-            // The first batch of a sweep: ask first whether there is anything.
-            let probe = self.probe().await?;
-            self.probe = Some(probe);
-            if probe.unchanged {
+            // Back at the oldest after a full batch (a walk that reached
+            // the end of the table, say): ask again whether anything is left.
+            if !self.probed {
+                self.probe = self.store.probe().await?;
+            }
+            self.probed = false;
+            if self.probe.unchanged {
                 return Ok(Reaped::default());
             }
         }
         let result = self.reap(limit, report).await;
-        if let Some(p) = self.probe.as_mut() {
-            p.unchanged = false;
-        }
+        self.probe.unchanged = false;
         if result.is_err() {
             // After an error the next batch starts from the oldest again.
             self.next = Next::Oldest;
@@ -314,49 +351,58 @@ impl LockStore for PgLockStore {
         result
     }
 
+    fn into_takeovers(self) -> Self::Takeovers {
+        PgTakeovers {
+            store: self.store,
+            probe: self.probe,
+        }
+    }
+}
+
+impl TakeoverStage for PgTakeovers<'_> {
     async fn drain_takeovers(
         &mut self,
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        if let Some(p) = self.probe.as_mut() {
-            if !p.takeovers {
-                return Ok(0);
-            }
-            p.unchanged = false;
+        if !self.probe.takeovers {
+            return Ok(0);
         }
+        self.probe.unchanged = false;
         // Abandoned hand-offs first (the probe's `takeovers` covers both):
         // their leases expired before any takeover still recorded.
+        let db = &mut self.store.db;
         let mut n = 0;
         loop {
-            let conn = self.db.conn().await?;
+            let conn = db.conn().await?;
             let recovered = recover_in_tx(conn, report)
                 .await
-                .map_err(|failure| self.db.batch_failed(failure))?;
+                .map_err(|failure| db.batch_failed(failure))?;
             if recovered == 0 {
                 break;
             }
             n += recovered;
         }
-        Ok(n + self.batch(Reap::Takeovers, limit, report).await?.n)
+        Ok(n + self.store.batch(Reap::Takeovers, limit, report).await?.n)
     }
 
-    async fn held_count(&mut self) -> Result<i64, StoreError> {
+    async fn held_count(self) -> Result<i64, StoreError> {
         // The sweep ends here: its probe, if nothing changed since, answers.
-        if let Some(Probe {
+        if let Probe {
             unchanged: true,
             held: Some(held),
             ..
-        }) = self.probe.take()
+        } = self.probe
         {
             return Ok(held);
         }
         let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
-        let conn = self.db.conn().await?;
+        let db = &mut self.store.db;
+        let conn = db.conn().await?;
         match conn::in_tx(conn, async |c| locks::held_count(c, max_age).await).await {
             Ok(count) => Ok(count.held),
-            Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
+            Err(e) => Err(db.query_failed("lock_held_count_get", e)),
         }
     }
 }
