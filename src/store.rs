@@ -11,7 +11,7 @@
 use std::fmt;
 use std::future::Future;
 
-use crate::model::ExpiredLease;
+use crate::model::{ExpiredLease, JobAction};
 
 /// Writes a batch's lines and flushes them; an error means "do not commit".
 pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send);
@@ -98,6 +98,88 @@ pub trait TakeoverStage: Send {
     /// Leases currently held (for the `lock.held.current` gauge), this
     /// sweep's deletions already subtracted. Ends the sweep.
     fn held_count(self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
+
+/// A job queue, as the job reaper uses it.
+///
+/// A pass starts with `gates`: whether the gates allow reaping (with the
+/// stale-lease count when they refuse, so a gated pass is that one call)
+/// and whether an abandoned hand-off waits. It then calls `recover` until it
+/// returns 0 if one waited (whatever the gates say now: those jobs were
+/// reaped while they allowed it), `apply_batch` until a batch comes back
+/// short or refused if they allow, and `stale_count` for the gauge when
+/// `gates` did not give it. The reaping rules (the gates, backoff, dead
+/// letters) are the queue's: `apply_batch` reads the gates again and
+/// refuses, changing nothing, if they closed since.
+///
+/// As for leases, each reaping call writes its actions' lines through
+/// `report` before their last durable record is gone (a crash can repeat a
+/// line, never lose one), and releases the jobs first; several reapers may
+/// run at once, and a job goes to exactly one of them.
+pub trait JobQueue: Send {
+    /// The `backend` tag on every line and metric.
+    fn backend_id(&self) -> &'static str;
+
+    /// The first answer of a pass.
+    fn gates(&mut self) -> impl Future<Output = Result<PassStart, StoreError>> + Send;
+
+    /// Writes the lines of one abandoned hand-off and deletes it; the number
+    /// of actions, 0 when none waits.
+    fn recover(
+        &mut self,
+        report: Report<'_, JobAction>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Reaps at most `limit` stale jobs as `actor` (recorded on every dead
+    /// letter), their lines written through `report`.
+    fn apply_batch(
+        &mut self,
+        actor: &str,
+        limit: usize,
+        report: Report<'_, JobAction>,
+    ) -> impl Future<Output = Result<ApplyBatch, StoreError>> + Send;
+
+    /// Stale job leases right now.
+    fn stale_count(&mut self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// The first answer of a pass: the gates, and whether an abandoned
+/// hand-off waits (`JobQueue::recover`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassStart {
+    pub gates: Gates,
+    pub abandoned: bool,
+}
+
+/// What the gates say at the start of a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gates {
+    /// All three allow reaping.
+    Allow,
+    /// They refuse, for `reason`; `stale` is the stale-lease count read with
+    /// them.
+    Refuse { reason: String, stale: u64 },
+}
+
+/// One apply call that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyBatch {
+    /// The gates allowed it and it committed.
+    Applied(Applied),
+    /// The gates closed since they were read; nothing changed.
+    Refused(String),
+}
+
+/// What a committed apply batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Jobs the batch reaped, for the drain rule.
+    pub n: usize,
+    /// Of those, the resets and dead letters whose lines this call wrote
+    /// (none when another reaper recovered the hand-off first and wrote
+    /// them: they count there).
+    pub reset: u64,
+    pub dead_lettered: u64,
 }
 
 /// Which database work a failure interrupted: the words an operator reads

@@ -39,7 +39,8 @@ pub mod conn {
 }
 
 pub mod job_queue {
-    pub use crate::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+    pub use crate::pg::job_queue::{GATES_THEN_STALE, PgJobQueue, STALE_COUNT};
+    pub use crate::store::{Gates, JobQueue};
 }
 
 pub mod lock_entry {

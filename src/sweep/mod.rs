@@ -18,6 +18,8 @@
 pub mod horizon;
 pub mod job_reaper;
 pub mod lock_sweeper;
+#[cfg(test)]
+mod test_log;
 
 use std::fmt::Debug;
 use std::future::Future;

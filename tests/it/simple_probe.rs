@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use lease_sweeper::testing::conn::{self, PROBE_TIMEOUT};
-use lease_sweeper::testing::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+use lease_sweeper::testing::job_queue::{
+    GATES_THEN_STALE, Gates, JobQueue, PgJobQueue, STALE_COUNT,
+};
 use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
 
 use crate::jobs_support::dry_run;
