@@ -188,7 +188,7 @@ pub struct Applied {
 pub enum Work {
     LockLeases,
     JobQueue,
-    /// The xmin horizon check (`sweep::horizon`), which reads catalogs only.
+    /// The xmin horizon check (`sweep::horizon_check`), which reads catalogs only.
     Horizon,
 }
 

@@ -23,7 +23,7 @@ use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
-use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles. The apply holds its rows
 /// for its statement, about 50 µs of server CPU a job (docs/performance.md),
@@ -40,7 +40,7 @@ pub const JOB_LEASE_EXPIRED: &str = "job_lease_expired";
 
 /// What one reaper pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct JobOutcome {
+pub struct ReapOutcome {
     pub reset: u64,
     pub dead_lettered: u64,
     /// Stale leases left after the pass (the gauge's value).
@@ -51,7 +51,7 @@ pub struct JobOutcome {
     pub interrupted: bool,
 }
 
-impl Outcome for JobOutcome {
+impl Outcome for ReapOutcome {
     fn log_done(&self) {
         tracing::debug!(
             reset = self.reset,
@@ -109,8 +109,8 @@ impl<Q: JobQueue> JobReaper<Q> {
     pub async fn reap_once(
         &mut self,
         cancel: &CancellationToken,
-    ) -> Result<JobOutcome, StoreError> {
-        let mut outcome = JobOutcome::default();
+    ) -> Result<ReapOutcome, StoreError> {
+        let mut outcome = ReapOutcome::default();
         // One statement when the gates refuse: their reason and the gauge.
         let start = self.queue.gates().await?;
         if start.abandoned {
@@ -176,7 +176,7 @@ impl<Q: JobQueue> JobReaper<Q> {
 
     /// Reports every abandoned hand-off, one transaction each, counting its
     /// actions as they are written.
-    async fn recover(&mut self, outcome: &mut JobOutcome) -> Result<(), StoreError> {
+    async fn recover(&mut self, outcome: &mut ReapOutcome) -> Result<(), StoreError> {
         let backend = self.queue.backend_id();
         loop {
             let (mut reset, mut dead) = (0, 0);
@@ -231,10 +231,11 @@ impl<Q: JobQueue> JobReaper<Q> {
 }
 
 impl<Q: JobQueue> Service for JobReaper<Q> {
-    type Outcome = JobOutcome;
+    type Outcome = ReapOutcome;
+    const SERVICE: &'static str = "job_reaper";
     const NAME: &'static str = "job_reaper";
     const WORK: &'static str = "job_reap";
-    const SERVICE: &'static str = "job_reaper";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Reaps;
 
     fn log_started(&self) {
         info!(
@@ -245,7 +246,7 @@ impl<Q: JobQueue> Service for JobReaper<Q> {
         );
     }
 
-    async fn pass(&mut self, cancel: &CancellationToken) -> Result<JobOutcome, StoreError> {
+    async fn pass(&mut self, cancel: &CancellationToken) -> Result<ReapOutcome, StoreError> {
         self.reap_once(cancel).await
     }
 }
@@ -305,6 +306,8 @@ mod tests {
         abandoned: Arc<Mutex<VecDeque<(usize, usize)>>>,
         /// Every call, in order: `gates`, `recover`, `apply`, `stale`.
         calls: Arc<Mutex<Vec<&'static str>>>,
+        /// How many `gates` calls fail before they answer (a database down).
+        down_for: Arc<Mutex<u32>>,
     }
 
     /// The stale-lease count the stub's `stale_count` answers.
@@ -377,6 +380,16 @@ mod tests {
 
         async fn gates(&mut self) -> Result<PassStart, StoreError> {
             self.called("gates");
+            let mut down_for = self.down_for.lock().unwrap();
+            if *down_for > 0 {
+                *down_for -= 1;
+                return Err(StoreError::Query {
+                    work: Work::JobQueue,
+                    query: "gates",
+                    cause: "down".into(),
+                    source: None,
+                });
+            }
             Ok(self.starts.lock().unwrap().pop_front().unwrap_or(ALLOW))
         }
 
@@ -456,10 +469,10 @@ mod tests {
         let gated = reaper.reap_once(&cancel).await.unwrap();
         assert_eq!(
             gated,
-            JobOutcome {
+            ReapOutcome {
                 stale: 7,
                 refused: Some("a=false".into()),
-                ..JobOutcome::default()
+                ..ReapOutcome::default()
             },
             "the gauge comes with the refusal"
         );
@@ -490,11 +503,11 @@ mod tests {
 
         assert_eq!(
             outcome,
-            JobOutcome {
+            ReapOutcome {
                 reset: JOB_BATCH_SIZE as u64,
                 stale: STALE_AFTER_APPLY,
                 refused: Some("c=false".into()),
-                ..JobOutcome::default()
+                ..ReapOutcome::default()
             }
         );
         assert_eq!(stub.calls(), ["gates", "apply", "apply", "stale"]);
@@ -600,5 +613,33 @@ mod tests {
 
         assert!(matches!(err, StoreError::Report { .. }), "{err}");
         assert_eq!(stub.calls(), ["gates", "apply"]);
+    }
+
+    #[tokio::test]
+    async fn failed_passes_are_counted_as_reaps_by_the_loop() {
+        let log = test_log::capture();
+        let stub = Stub::default();
+        *stub.down_for.lock().unwrap() = 2;
+        let (reaper, _lines) = reaper(&stub);
+        let token = CancellationToken::new();
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let beat = crate::progress::Progress::new(1).beat(0);
+        let task = tokio::spawn(crate::sweep::run(reaper, metrics, beat, token.clone()));
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while log.events("job_reap_recovered").is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never recovered");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        token.cancel();
+        task.await.unwrap();
+
+        let failed = log.events("job_reap_failed");
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0]["failedReaps"], "1");
+        assert_eq!(log.events("job_reap_recovered")[0]["failedReaps"], "2");
     }
 }

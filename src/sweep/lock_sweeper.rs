@@ -19,7 +19,7 @@ use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::store::{ExpiryStage, LockStore, StoreError, TakeoverStage};
-use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
 /// the sweep. Bounds the row locks a sweeper holds, the lines buffered
@@ -211,9 +211,10 @@ async fn send_counts(metrics: &Metrics, backend: &'static str, reported: u64) {
 
 impl<S: LockStore> Service for LockSweeper<S> {
     type Outcome = SweepOutcome;
+    const SERVICE: &'static str = "lock_sweeper";
     const NAME: &'static str = "sweeper";
     const WORK: &'static str = "sweep";
-    const SERVICE: &'static str = "lock_sweeper";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Sweeps;
 
     fn log_started(&self) {
         info!(

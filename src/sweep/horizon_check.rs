@@ -23,7 +23,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::pg::horizon::{DeadRows, Holder, HolderKind, Horizon, HorizonSource};
 use crate::store::StoreError;
-use crate::sweep::{Outcome, Service};
+use crate::sweep::{FailedPasses, Outcome, Service};
 
 /// Pause between two checks. A held horizon is a matter of minutes (dead
 /// rows pile up at the sweep rate, not faster), so every 10 s is prompt, and
@@ -51,7 +51,7 @@ const JOB_QUEUE: &str = "job_queue";
 
 /// What one check found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HorizonOutcome {
+pub struct CheckOutcome {
     /// Holders currently named as holding dead rows.
     pub held: usize,
     /// Lines written by this pass (held and released).
@@ -59,7 +59,7 @@ pub struct HorizonOutcome {
     pub dead: DeadRows,
 }
 
-impl Outcome for HorizonOutcome {
+impl Outcome for CheckOutcome {
     fn log_done(&self) {
         tracing::debug!(
             held = self.held,
@@ -131,7 +131,7 @@ impl<S: HorizonSource> HorizonCheck<S> {
     }
 
     /// One check at the time `now`.
-    pub async fn check_once(&mut self, now: Instant) -> Result<HorizonOutcome, StoreError> {
+    pub async fn check_once(&mut self, now: Instant) -> Result<CheckOutcome, StoreError> {
         let horizon = self.source.read().await?;
         if !horizon.reads_all_stats && !self.told_partial {
             warn!(
@@ -158,7 +158,7 @@ impl<S: HorizonSource> HorizonCheck<S> {
         // hold is named again after `HELD_REPEAT`.
         let _ = self.events.warn_lines(XMIN_HORIZON_HELD, step.held);
         let _ = self.events.info_lines(XMIN_HORIZON_RELEASED, step.released);
-        Ok(HorizonOutcome {
+        Ok(CheckOutcome {
             held: self.seen.values().filter(|s| s.warned.is_some()).count(),
             lines,
             dead: horizon.dead,
@@ -313,10 +313,11 @@ fn released_fields(
 }
 
 impl<S: HorizonSource> Service for HorizonCheck<S> {
-    type Outcome = HorizonOutcome;
+    type Outcome = CheckOutcome;
+    const SERVICE: &'static str = "horizon_check";
     const NAME: &'static str = "horizon_check";
     const WORK: &'static str = "horizon_check";
-    const SERVICE: &'static str = "horizon_check";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Checks;
     const DELAY: Duration = HORIZON_DELAY;
 
     fn log_started(&self) {
@@ -328,7 +329,7 @@ impl<S: HorizonSource> Service for HorizonCheck<S> {
         );
     }
 
-    async fn pass(&mut self, _cancel: &CancellationToken) -> Result<HorizonOutcome, StoreError> {
+    async fn pass(&mut self, _cancel: &CancellationToken) -> Result<CheckOutcome, StoreError> {
         self.check_once(Instant::now()).await
     }
 }
