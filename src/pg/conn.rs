@@ -62,6 +62,13 @@ pub const BEGIN_GUARDED: &str = concat!(
 /// same bound as `statement_timeout_ms!`, kept on the client side.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(statement_timeout_ms!());
 
+/// A batch's limit as the reaping functions take it (`integer`): the one
+/// place a batch size leaves `usize`. Saturates, so a limit above the
+/// functions' maximum is refused by them, never wrapped into range.
+pub fn limit_param(limit: usize) -> i32 {
+    i32::try_from(limit).unwrap_or(i32::MAX)
+}
+
 /// Runs one idle probe: a read-only statement sent ALONE with the simple
 /// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
 /// spliced at compile time by `concat!` from named constants, no binds), and

@@ -266,7 +266,6 @@ impl JobQueue for PgJobQueue {
         limit: usize,
         report: Report<'_, JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let conn = self.db.conn().await?;
         apply_in_tx(conn, actor, limit, report)
             .await
@@ -279,7 +278,7 @@ impl JobQueue for PgJobQueue {
 async fn apply_in_tx(
     conn: &mut PgConnection,
     actor: &str,
-    limit: i32,
+    limit: usize,
     report: Report<'_, JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
     const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
@@ -287,7 +286,7 @@ async fn apply_in_tx(
     let (handoff_id, text): (Option<i64>, String) = sqlx::query_as(APPLY_HANDED_OFF)
         .persistent(false)
         .bind(actor)
-        .bind(limit)
+        .bind(conn::limit_param(limit))
         .fetch_one(&mut *tx)
         .await
         .map_err(|e| BatchFailure::Query(WHAT, e))?;

@@ -121,7 +121,7 @@ impl PgLockStore {
     async fn batch(
         &mut self,
         kind: Reap,
-        limit: i32,
+        limit: usize,
         report: Report<'_>,
     ) -> Result<Done, StoreError> {
         let conn = self.db.conn().await?;
@@ -150,14 +150,14 @@ impl PgSweep<'_> {
     async fn index_batch(
         &mut self,
         after_millis: Option<i64>,
-        limit: i32,
+        limit: usize,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
         let done = self
             .store
             .batch(Reap::Index { after_millis }, limit, report)
             .await?;
-        self.next = if done.n < limit as usize {
+        self.next = if done.n < limit {
             self.sparse = false;
             Next::Oldest
         } else if after_millis.is_none() && !self.sparse {
@@ -171,7 +171,7 @@ impl PgSweep<'_> {
         Ok(done.reaped())
     }
 
-    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<Reaped, StoreError> {
+    async fn reap(&mut self, limit: usize, report: Report<'_>) -> Result<Reaped, StoreError> {
         match self.next {
             Next::Oldest => self.index_batch(None, limit, report).await,
             Next::After(after) => self.index_batch(Some(after), limit, report).await,
@@ -194,7 +194,7 @@ impl PgSweep<'_> {
                     Err(e) => return Err(e),
                 };
                 let next_page = done.next_page.unwrap_or(-1);
-                if done.n >= limit as usize && next_page >= 0 {
+                if done.n >= limit && next_page >= 0 {
                     self.next = Next::Walk(next_page);
                     return Ok(done.reaped());
                 }
@@ -225,7 +225,7 @@ impl PgSweep<'_> {
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
-    limit: i32,
+    limit: usize,
     report: Report<'_>,
 ) -> Result<Done, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
@@ -329,7 +329,6 @@ impl<'s> ExpiryStage for PgSweep<'s> {
         limit: usize,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         if self.next == Next::Oldest {
             // Back at the oldest after a full batch (a walk that reached
             // the end of the table, say): ask again whether anything is left.
@@ -365,7 +364,6 @@ impl TakeoverStage for PgTakeovers<'_> {
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         if !self.probe.takeovers {
             return Ok(0);
         }
