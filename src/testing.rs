@@ -11,9 +11,7 @@ pub mod check {
 }
 
 pub mod jobs {
-    pub use crate::cmd::jobs::{
-        Format, run_gates, run_gates_as, run_jobs, run_jobs_as, run_leases_as,
-    };
+    pub use crate::cmd::jobs::{Format, run_gates, run_jobs, run_leases};
 }
 
 pub mod config {

@@ -21,6 +21,6 @@ mod leases;
 mod reap;
 
 pub use common::Format;
-pub use gates::{gates, run_gates, run_gates_as};
-pub use leases::{leases, run_leases_as};
-pub use reap::{jobs, run_jobs, run_jobs_as};
+pub use gates::{gates, run_gates};
+pub use leases::{leases, run_leases};
+pub use reap::{jobs, run_jobs};
