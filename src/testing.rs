@@ -32,7 +32,7 @@ pub mod metrics {
 
 pub mod conn {
     pub use crate::pg::conn::{
-        HOT_STANDBY, PROBE_TIMEOUT, connect, describe, probe_row, probe_row_within,
+        HOT_STANDBY, PROBE_TIMEOUT, connect, describe, in_tx, probe_row, probe_row_within,
     };
 }
 

@@ -547,27 +547,4 @@ mod tests {
             "error communicating with database: Connection refused (os error 111)"
         );
     }
-
-    const STATEMENT_TIMEOUT_MS: &str = concat!(statement_timeout_ms!());
-    const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = concat!(idle_in_transaction_timeout_ms!());
-
-    #[test]
-    fn the_probes_wait_as_long_as_the_server_guard_would() {
-        assert_eq!(
-            PROBE_TIMEOUT.as_millis().to_string(),
-            STATEMENT_TIMEOUT_MS,
-            "PROBE_TIMEOUT and STATEMENT_TIMEOUT_MS are one bound"
-        );
-    }
-
-    #[test]
-    fn the_guards_are_set_locally_with_their_named_values() {
-        assert_eq!(
-            BEGIN_GUARDED,
-            format!(
-                "BEGIN; SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-                 SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-            )
-        );
-    }
 }

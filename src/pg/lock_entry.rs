@@ -429,17 +429,6 @@ mod tests {
     use super::*;
     use crate::sweep::SWEEP_DELAY;
 
-    #[test]
-    fn the_probe_carries_the_named_max_age() {
-        assert_eq!(
-            SWEEP_PROBE,
-            format!(
-                "SELECT expired, takeovers, held FROM lock_sweep_probe({})",
-                HELD_COUNT_MAX_AGE.as_millis()
-            )
-        );
-    }
-
     /// What docs/metrics-and-logs.md promises for `lock.held.current`: an
     /// acquisition or release is in every daemon's gauge within the max age
     /// plus two sweep periods, at most 5 s on an idle fleet.
