@@ -1,12 +1,7 @@
-//! The seam between the services and a database: the `LockStore` trait and
-//! the error every store call returns.
-//!
-//! Owns what a lock backend must do (reap in batches, report before commit,
-//! count) and how a failure is described: which work failed (lock leases or
-//! job queue), which statement, and the cause, without a secret, keeping the
-//! driver's error as the source. It does not own timing, logging or metrics
-//! (`sweep`) nor any SQL (`pg`). An etcd backend would implement the same
-//! trait.
+//! The seams between the services and their backends: `LockStore` (a
+//! sweep's stages) and `JobQueue` (a reaper pass's calls), what they return,
+//! and the error every call returns, scrubbed of secrets with the driver's
+//! error as its source. No SQL (`pg`), no timing, logging or metrics (`sweep`).
 
 use std::fmt;
 use std::future::Future;

@@ -1,14 +1,7 @@
-//! `lease-sweeper demo`: a self-contained demonstration, runnable with no
-//! configuration: a throwaway PostgreSQL with leases and jobs abandoned in
-//! it, swept by the real daemon, then removed.
-//!
-//! Owns the demonstration script only: a throwaway PostgreSQL, a stand-in
-//! lock server (through the shipped SQL functions) that acquires leases and
-//! abandons some, a stand-in job worker that claims jobs and dies, an
-//! operator who opens the queue gates through the audited setter (first
-//! staged: enabled but dry-run-only, then armed), a stand-in StatsD agent
-//! that prints each datagram, and the real daemon (this same binary, `run`)
-//! sweeping, with its scrape endpoint on a loopback port, until it is sent
+//! `lease-sweeper demo`: the real daemon (this binary's `run`) sweeping a
+//! throwaway PostgreSQL, with no configuration. Owns the script only, in
+//! `run`'s stages: stand-ins for the lock server, a job worker, the operator
+//! opening the gates and a StatsD agent that prints each datagram, then
 //! SIGTERM. Everything it starts is stopped and removed before it returns.
 
 use std::time::{Duration, Instant};

@@ -1,18 +1,8 @@
-//! One managed connection per service, its transactions, and how database
-//! failures are told.
-//!
-//! Owns connecting (through the host walk of `pgconn`), the guards every
-//! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order of every
-//! batch ("report, then commit"; for a handed-off batch "commit, claim the
-//! hand-off, report, commit"), dropping a connection after any error so the
-//! next call walks the hosts again (a failover), and describing failures with
-//! their real cause and one clear word (a hot standby, a pooler, TLS) instead
-//! of a pool's "timed out". It owns no SQL besides the guards; the schema is
-//! `migrate`'s.
-//!
-//! A pool is not used on purpose: each service does one thing at a time on
-//! its own connection, and a pool hides a refused connection behind
-//! `PoolTimedOut` after 30 s.
+//! One connection per service, its transactions, and how database failures
+//! are told. Owns connecting (the host walk of `pgconn`), the guards every
+//! transaction sets (`BEGIN_GUARDED`), the order of a batch's report and
+//! commit, dropping a connection after any error so the next call walks the
+//! hosts again, and naming a failure's real cause. No SQL besides the guards.
 
 use std::time::Duration;
 
@@ -138,6 +128,10 @@ pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothin
 
 /// A lazily opened connection that reconnects after failures.
 /// Its errors name the `work` it does.
+///
+/// Not a pool, on purpose: each service does one thing at a time on its own
+/// connection, and a pool hides a refused connection behind `PoolTimedOut`
+/// after 30 s.
 pub struct Db {
     target: DbTarget,
     work: Work,

@@ -1,15 +1,8 @@
-//! The job queue in PostgreSQL: statements on it, its gates and its lease
-//! durations, and the job reaper's connection and apply transaction.
-//!
-//! The statements call the SQL functions in
-//! `migrations/20261129000200_job_queue.sql`, each returning that function's
-//! JSON as text (`::text`), so the crate needs no sqlx JSON feature and the
-//! CLI can print exactly what the database said. `PgJobQueue` runs them for
-//! the job reaper on its own connection, decodes the JSON into `model`'s
-//! shapes and writes an apply batch's lines (through the caller's `report`)
-//! once its jobs are committed and before the batch's hand-off is deleted. The reaping rules (gates, backoff, dead letters) are
-//! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
-//! ERROR line per job the database set aside (`job_set_aside`).
+//! The job queue in PostgreSQL: the statements on it, each returning its SQL
+//! function's JSON as text (no sqlx JSON feature; the CLI prints what the
+//! database said), and `PgJobQueue`, the job reaper's `JobQueue` on its own
+//! connection, with the `job_set_aside` line only it sees. Not the reaping
+//! rules (SQL, `migrations/`) nor when to reap (`sweep::job_reaper`).
 
 use sqlx::{FromRow, PgConnection, Row as _};
 

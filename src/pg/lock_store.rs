@@ -1,20 +1,9 @@
-//! The PostgreSQL lock backend (`backend=pg`).
-//!
-//! Owns the two transactions of each batch, which is where "at least once,
-//! never lost" is made without the lock server waiting on the lines: one
-//! call deletes the batch and records it in a hand-off row, and commits (the
-//! leases' row locks end there); then the hand-off is claimed, the rows
-//! reported (the caller writes and flushes their lines), and the claim
-//! committed. A failed report or a dropped connection leaves the hand-off
-//! for any sweeper to recover, so nothing is lost. It also owns how a sweep
-//! finds its rows cheaply: one probe
-//! statement for an idle sweep, the expiry index for a few expired leases, a
-//! walk of the heap in page order for a backlog, and the held-lease count
-//! the whole fleet shares. The statements themselves are in `lock_entry`;
-//! when to sweep and what to log are the lock sweeper's
-//! (`sweep::lock_sweeper`), except one ERROR line per lease the database set
-//! aside (`lease_set_aside`), which only this layer sees: it never reaches
-//! the sweeper as a reaped lease.
+//! The PostgreSQL lock backend (`backend=pg`): a sweep's stages over
+//! `lock_entry`'s statements. Owns each batch's two transactions (delete and
+//! hand off, commit; then claim, report, commit), the probe that makes an
+//! idle sweep one statement, how a backlog is found (index or heap walk), and
+//! the `lease_set_aside` line only it sees. Not the statements (`lock_entry`)
+//! nor when to sweep and what else to log (`sweep::lock_sweeper`).
 
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;

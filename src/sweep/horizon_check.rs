@@ -1,17 +1,10 @@
-//! The horizon check: one pass asks what holds the database's xmin horizon
-//! and how many dead rows `lock_entry` and `job_queue` carry, names every
-//! holder that keeps dead rows of them in a WARN `xmin_horizon_held` line
-//! (again every `HELD_REPEAT` while the hold lasts), says INFO
-//! `xmin_horizon_released` when it ends, and sets the gauges
-//! `pg.xmin_horizon.age_seconds` and `pg.dead_rows.current`.
-//!
-//! Owns the rule "held": a holder whose horizon is at least `HOLD_AFTER`
-//! old, behind which at least one transaction id was spent, while either
-//! table has dead rows; its rate bound; and the words of both lines. It runs
-//! as its own service (its own loop, connection and `HORIZON_DELAY`), so it
-//! adds no statement to a sweep and its failures never fail one; timing,
-//! shutdown and error logging are `sweep::run`'s. The statements are
-//! `pg::horizon`'s.
+//! The horizon check: a pass asks who holds the xmin horizon and how many
+//! dead rows `lock_entry` and `job_queue` carry, names each holder that
+//! keeps dead rows (WARN `xmin_horizon_held`, again every `HELD_REPEAT`),
+//! says `xmin_horizon_released` when a hold ends, and sets the horizon
+//! gauges. Owns the rule "held" and the lines' words; runs on its own loop
+//! and connection, so it never fails or delays a sweep. Not the statements
+//! (`pg::horizon`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,20 +1,9 @@
-//! The job reaper: one pass returns stale job leases to the queue (or the
-//! dead-letter table) while the three gates allow it, and reports the
-//! stale-lease gauge, `queue.lease.stale.current`.
-//!
-//! Owns, once per pass: asking whether the gates allow reaping, logging a
-//! change of that answer once at INFO (never once per pass), applying batch
-//! by batch while they do, one WARN `job_lease_expired` line per action
-//! written before its batch's hand-off is gone (the jobs' row locks end
-//! before the lines are written), reporting a hand-off another reaper left,
-//! `queue.lease.reaped` counts flushed with each batch, and the
-//! `queue.lease.stale.current` gauge. Timing, shutdown
-//! and error logging are `sweep::run`'s; it runs in its own loop on its own
-//! connection, so it never holds up the lock sweeper.
-//!
-//! It does not own the reaping rules (backoff, dead-lettering, the gate order
-//! and the stale predicate all live in SQL, `migrations/`), the statements
-//! (`pg::job_queue`), nor the CLI (`cmd::jobs`).
+//! The job reaper: a pass reports abandoned hand-offs, then returns stale
+//! job leases to the queue (or the dead-letter table) batch by batch while
+//! the gates allow, and sets the stale-lease gauge. Owns logging a change of
+//! the gates' answer once, the `job_lease_expired` lines and the counts sent
+//! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
+//! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
 
 use tokio_util::sync::CancellationToken;
 use tracing::info;

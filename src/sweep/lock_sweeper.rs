@@ -1,13 +1,8 @@
-//! The lock sweeper: one pass reaps expired lock leases and recorded
-//! takeovers, batch by batch, and reports the held-lease gauge.
-//!
-//! Owns the lock-expiry signal's pass: each batch's `lease_expired` lines go
-//! out (through `output::events`) before its last record is gone, and its
-//! `lock.lease.expired` count is flushed with it, so a long drain never holds
-//! committed counts; and the batch size, smaller while lock-server calls
-//! wait on the sweep. It returns counts and leaves timing, shutdown and
-//! error logging to `sweep::run`. It knows no SQL and no backend: it talks
-//! to a `LockStore`.
+//! The lock sweeper: a pass reaps expired leases, then recorded takeovers,
+//! batch by batch through a `LockStore`'s stages, and sets the held-lease
+//! gauge. Owns each batch's `lease_expired` lines and counts, sent with the
+//! batch, and the batch size, smaller while lock-server calls wait. Not
+//! timing or error logging (`sweep::run`) nor any SQL (the store).
 
 use std::time::Duration;
 

@@ -1,19 +1,9 @@
-//! The maintenance services and the one loop that runs each of them.
-//!
-//! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`,
-//! `horizon_check::HorizonCheck`) knows how
-//! to do one pass and returns what it did; `run` owns everything about time
-//! for all of them: the fixed delay, shutdown, the drain grace, logging a
-//! failed pass once (then every `ERROR_REPEAT`) and its recovery, recording
-//! each pass's health metrics, flushing StatsD and beating `progress`. Each
-//! service runs in its own loop on its own connection, as River's
-//! maintenance services do, so a slow or failing job reaper never delays a
-//! lock sweep, nor the reverse. `Drain` is the
-//! shared rule for a pass that works batch by batch.
-//!
-//! This layer knows no SQL: the lock sweeper talks to a `LockStore`, the job
-//! reaper to `pg::job_queue`. It does not install signal handlers (`shutdown`)
-//! or speak to systemd (`notify`).
+//! The maintenance services (`lock_sweeper`, `job_reaper`, `horizon_check`)
+//! and the one loop, `run`, that runs each in its own task on its own
+//! connection, so none delays another. A service does one pass; `run` owns
+//! time (the delay, shutdown, the drain grace), failure lines, health
+//! metrics, StatsD flushes and `progress`; `Drain` is the batch-by-batch
+//! rule. No SQL (`store`'s seams), no signals (`shutdown`), no systemd (`notify`).
 
 pub mod horizon_check;
 pub mod job_reaper;
