@@ -8,8 +8,6 @@
 pub mod horizon_check;
 pub mod job_reaper;
 pub mod lock_sweeper;
-#[cfg(test)]
-mod test_log;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -264,6 +262,9 @@ impl ErrorLog {
         *self = Self::new(self.work, self.passes);
     }
 }
+
+#[cfg(test)]
+mod test_log;
 
 #[cfg(test)]
 mod tests {
