@@ -6,11 +6,11 @@
 //! other (within a layer a module may use a sibling below it):
 //! - `cmd`: one module per subcommand; `cmd::run` wires the daemon.
 //! - `sweep`: the independent services (`lock_sweeper`, `job_reaper`, and
-//!   `horizon`, which watches the xmin horizon) and the one loop that runs
-//!   each (`sweep::run`).
+//!   `horizon_check`, which watches the xmin horizon) and the one loop that
+//!   runs each (`sweep::run`).
 //! - `pg`: connections, the schema, and each table's statements.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
-//! - leaves: `store` (the `LockStore` seam and its error), `model` (the
+//! - leaves: `store` (the `LockStore` and `JobQueue` seams and their error), `model` (the
 //!   records), `config` (the environment) over the `pgconn` crate (libpq's
 //!   target rules and the host walk), `shutdown` (signals), `progress`,
 //!   `notify` and `heartbeat` (loop liveness for systemd and containers),

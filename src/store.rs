@@ -1,17 +1,12 @@
-//! The seam between the services and a database: the `LockStore` trait and
-//! the error every store call returns.
-//!
-//! Owns what a lock backend must do (reap in batches, report before commit,
-//! count) and how a failure is described: which work failed (lock leases or
-//! job queue), which statement, and the cause, without a secret, keeping the
-//! driver's error as the source. It does not own timing, logging or metrics
-//! (`sweep`) nor any SQL (`pg`). An etcd backend would implement the same
-//! trait.
+//! The seams between the services and their backends: `LockStore` (a
+//! sweep's stages) and `JobQueue` (a reaper pass's calls), what they return,
+//! and the error every call returns, scrubbed of secrets with the driver's
+//! error as its source. No SQL (`pg`), no timing, logging or metrics (`sweep`).
 
 use std::fmt;
 use std::future::Future;
 
-use crate::model::ExpiredLease;
+use crate::model::{ExpiredLease, JobAction};
 
 /// Writes a batch's lines and flushes them; an error means "do not commit".
 pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send);
@@ -27,40 +22,159 @@ pub struct Reaped {
     pub waiters: u32,
 }
 
-/// What a sweep needs from a lock backend.
+/// A lock backend, as a sweep uses it.
 ///
-/// Each reaping method takes at most `limit` leases off the table and calls
+/// A sweep is three stages, each a type, so no caller can run them out of
+/// order or carry one sweep's answers into the next:
+///
+/// 1. `begin_sweep` opens the sweep. A backend may ask here, in one cheap
+///    statement, whether anything expired or was taken over and how many
+///    leases are held (`PgLockStore` does); the returned value owns that
+///    answer until the sweep ends.
+/// 2. `ExpiryStage::reap_expired`, called until a batch comes back short
+///    (fewer than its `limit`), then `into_takeovers`.
+/// 3. `TakeoverStage::drain_takeovers`, called until a batch comes back
+///    short, then `held_count`, which ends the sweep.
+///
+/// A stage dropped early (an error, or a shutdown between batches) abandons
+/// the sweep; the next `begin_sweep` starts from nothing.
+///
+/// Each reaping call takes at most `limit` leases off the table and calls
 /// `report` with them before their last durable record is gone, so a crash
 /// can repeat a line but never lose one; if `report` fails, that record
 /// stays and a later call reports the leases. The leases themselves are
 /// released first: nothing the lock server does waits while their lines
 /// are written (`PgLockStore` commits the deletion together with a
 /// hand-off row and deletes that row once the lines are out). Several
-/// replicas may call these at the same time: a lease goes to exactly one of
-/// them. Each returns how many leases it took, for the drain rule; what it
-/// reported went through `report`.
+/// replicas may sweep at the same time: a lease goes to exactly one of
+/// them.
 pub trait LockStore: Send {
+    /// One sweep's first stage; it may borrow the store's connection.
+    type Sweep<'s>: ExpiryStage
+    where
+        Self: 's;
+
     /// The `backend` tag on every line and metric (`pg`, later `etcd`).
     fn backend_id(&self) -> &'static str;
 
-    /// Deletes up to `limit` leases whose deadline has passed.
+    /// Opens a sweep.
+    fn begin_sweep(&mut self) -> impl Future<Output = Result<Self::Sweep<'_>, StoreError>> + Send;
+}
+
+/// A sweep's first stage: leases whose deadline has passed.
+pub trait ExpiryStage: Send {
+    /// The stage that follows.
+    type Takeovers: TakeoverStage;
+
+    /// Deletes up to `limit` leases whose deadline has passed; how many it
+    /// took, for the drain rule, and whether lock-server calls waited on it.
     fn reap_expired(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 
+    /// Ends the reaping of expired leases.
+    fn into_takeovers(self) -> Self::Takeovers;
+}
+
+/// A sweep's second and last stage: recorded takeovers, then the gauge.
+pub trait TakeoverStage: Send {
     /// Drains up to `limit` recorded takeovers of expired leases, and any
     /// batch a sweeper took off the table but did not get to report (it
     /// died, or its output failed): its leases come as `reapedBy=sweep`.
+    /// How many leases it reported.
     fn drain_takeovers(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Leases currently held (for the `lock.held.current` gauge).
-    fn held_count(&mut self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    /// Leases currently held (for the `lock.held.current` gauge), this
+    /// sweep's deletions already subtracted. Ends the sweep.
+    fn held_count(self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+}
+
+/// A job queue, as the job reaper uses it.
+///
+/// A pass starts with `gates`: whether the gates allow reaping (with the
+/// stale-lease count when they refuse, so a gated pass is that one call)
+/// and whether an abandoned hand-off waits. It then calls `recover` until it
+/// returns 0 if one waited (whatever the gates say now: those jobs were
+/// reaped while they allowed it), `apply_batch` until a batch comes back
+/// short or refused if they allow, and `stale_count` for the gauge when
+/// `gates` did not give it. The reaping rules (the gates, backoff, dead
+/// letters) are the queue's: `apply_batch` reads the gates again and
+/// refuses, changing nothing, if they closed since.
+///
+/// As for leases, each reaping call writes its actions' lines through
+/// `report` before their last durable record is gone (a crash can repeat a
+/// line, never lose one), and releases the jobs first; several reapers may
+/// run at once, and a job goes to exactly one of them.
+pub trait JobQueue: Send {
+    /// The `backend` tag on every line and metric.
+    fn backend_id(&self) -> &'static str;
+
+    /// The first answer of a pass.
+    fn gates(&mut self) -> impl Future<Output = Result<PassStart, StoreError>> + Send;
+
+    /// Writes the lines of one abandoned hand-off and deletes it; the number
+    /// of actions, 0 when none waits.
+    fn recover(
+        &mut self,
+        report: Report<'_, JobAction>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Reaps at most `limit` stale jobs as `actor` (recorded on every dead
+    /// letter), their lines written through `report`.
+    fn apply_batch(
+        &mut self,
+        actor: &str,
+        limit: usize,
+        report: Report<'_, JobAction>,
+    ) -> impl Future<Output = Result<ApplyBatch, StoreError>> + Send;
+
+    /// Stale job leases right now.
+    fn stale_count(&mut self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// The first answer of a pass: the gates, and whether an abandoned
+/// hand-off waits (`JobQueue::recover`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassStart {
+    pub gates: Gates,
+    pub abandoned: bool,
+}
+
+/// What the gates say at the start of a pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gates {
+    /// All three allow reaping.
+    Allow,
+    /// They refuse, for `reason`; `stale` is the stale-lease count read with
+    /// them.
+    Refuse { reason: String, stale: u64 },
+}
+
+/// One apply call that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyBatch {
+    /// The gates allowed it and it committed.
+    Applied(Applied),
+    /// The gates closed since they were read; nothing changed.
+    Refused(String),
+}
+
+/// What a committed apply batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Jobs the batch reaped, for the drain rule.
+    pub n: usize,
+    /// Of those, the resets and dead letters whose lines this call wrote
+    /// (none when another reaper recovered the hand-off first and wrote
+    /// them: they count there).
+    pub reset: u64,
+    pub dead_lettered: u64,
 }
 
 /// Which database work a failure interrupted: the words an operator reads
@@ -69,7 +183,7 @@ pub trait LockStore: Send {
 pub enum Work {
     LockLeases,
     JobQueue,
-    /// The xmin horizon check (`sweep::horizon`), which reads catalogs only.
+    /// The xmin horizon check (`sweep::horizon_check`), which reads catalogs only.
     Horizon,
 }
 

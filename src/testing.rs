@@ -11,9 +11,7 @@ pub mod check {
 }
 
 pub mod jobs {
-    pub use crate::cmd::jobs::{
-        Format, run_gates, run_gates_as, run_jobs, run_jobs_as, run_leases_as,
-    };
+    pub use crate::cmd::jobs::{Format, run_gates, run_jobs, run_leases};
 }
 
 pub mod config {
@@ -34,12 +32,13 @@ pub mod metrics {
 
 pub mod conn {
     pub use crate::pg::conn::{
-        HOT_STANDBY, PROBE_TIMEOUT, connect, describe, probe_row, probe_row_within,
+        HOT_STANDBY, PROBE_TIMEOUT, connect, describe, in_tx, probe_row, probe_row_within,
     };
 }
 
 pub mod job_queue {
-    pub use crate::pg::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+    pub use crate::pg::job_queue::{GATES_THEN_STALE, PgJobQueue, STALE_COUNT};
+    pub use crate::store::{Gates, JobQueue};
 }
 
 pub mod lock_entry {
@@ -66,7 +65,7 @@ pub mod model {
 }
 
 pub mod store {
-    pub use crate::store::{LockStore, Reaped, StoreError};
+    pub use crate::store::{ExpiryStage, LockStore, Reaped, StoreError};
 }
 
 pub mod sweep {

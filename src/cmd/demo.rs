@@ -1,14 +1,7 @@
-//! `lease-sweeper demo`: a self-contained demonstration, runnable with no
-//! configuration: a throwaway PostgreSQL with leases and jobs abandoned in
-//! it, swept by the real daemon, then removed.
-//!
-//! Owns the demonstration script only: a throwaway PostgreSQL, a stand-in
-//! lock server (through the shipped SQL functions) that acquires leases and
-//! abandons some, a stand-in job worker that claims jobs and dies, an
-//! operator who opens the queue gates through the audited setter (first
-//! staged: enabled but dry-run-only, then armed), a stand-in StatsD agent
-//! that prints each datagram, and the real daemon (this same binary, `run`)
-//! sweeping, with its scrape endpoint on a loopback port, until it is sent
+//! `lease-sweeper demo`: the real daemon (this binary's `run`) sweeping a
+//! throwaway PostgreSQL, with no configuration. Owns the script only, in
+//! `run`'s stages: stand-ins for the lock server, a job worker, the operator
+//! opening the gates and a StatsD agent that prints each datagram, then
 //! SIGTERM. Everything it starts is stopped and removed before it returns.
 
 use std::time::{Duration, Instant};
@@ -79,20 +72,63 @@ const DEMO_JOB_LEASE_SEC: &str = "1";
 /// Who the demo's operator is in the gate audit trail.
 const DEMO_OPERATOR: &str = "demo-operator";
 
+/// The lock server's abandoned keys; the third holds a quote, `=` and a
+/// newline on purpose, to show the escaping.
+const ABANDONED: [&str; 3] = [
+    "payout:acct-1",
+    "payout:acct-2",
+    "tenant \"acme\" key=1\nforged level=error",
+];
+
+/// The two jobs the dead worker held: one with attempts left, one on its
+/// last.
+struct Planted {
+    retried: String,
+    buried: String,
+}
+
+/// The daemon the demo started, and where its scrape endpoint listens.
+struct Daemon {
+    child: tokio::process::Child,
+    pid: i32,
+    scrape_addr: std::net::SocketAddr,
+}
+
+/// The demonstration, stage by stage; everything it starts is stopped and
+/// removed on the way out.
 pub async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
+    let (pg, mut conn) = start_postgres().await?;
+    let (statsd_port, printer) = start_statsd().await?;
+    let kept = plant_leases(&mut conn).await?;
+    let jobs = plant_jobs(&mut conn).await?;
+    let mut daemon = start_daemon(&pg.url("postgres"), statsd_port).await?;
+    let deadline = Instant::now() + DEMO_DEADLINE;
+    wait_for_sweep(&mut conn, kept, deadline).await?;
+    open_reaper_and_wait(&mut conn, kept, deadline).await?;
+    show_jobs(&mut conn, &jobs).await?;
+    // One more sweep so the gauge and a quiet sweep (no WARN) show.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    show_scrape(daemon.scrape_addr).await?;
+    let status = stop_daemon(&mut daemon).await?;
+    // The last datagrams are printed before the agent goes.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    printer.abort();
+    tear_down(conn, pg, status, started).await
+}
+
+/// A throwaway PostgreSQL, connected to and migrated.
+async fn start_postgres() -> anyhow::Result<(ThrowawayPg, PgConnection)> {
     info!("demo_starting_postgres");
     let pg = tokio::task::spawn_blocking(ThrowawayPg::start)
         .await?
         .context("starting a throwaway PostgreSQL")?;
-    let url = pg.url("postgres");
     info!(
         socketDir = %pg.socket_dir().display(),
         note = "a local PostgreSQL on a Unix socket in this directory (no TCP port); removed at the end",
         "demo_postgres_ready"
     );
-
-    let mut conn = PgConnection::connect(&url)
+    let mut conn = PgConnection::connect(&pg.url("postgres"))
         .await
         .context("connecting to the throwaway PostgreSQL")?;
     crate::pg::migrate::migrate(&mut conn)
@@ -102,12 +138,16 @@ pub async fn run() -> anyhow::Result<()> {
         migrations = crate::pg::migrate::MIGRATOR.iter().count(),
         "demo_migrated"
     );
+    Ok((pg, conn))
+}
 
-    // A stand-in StatsD agent: print every datagram the daemon sends.
+/// A stand-in StatsD agent that prints every datagram the daemon sends: its
+/// port, and the task to abort at the end.
+async fn start_statsd() -> anyhow::Result<(u16, tokio::task::JoinHandle<u64>)> {
     let statsd = UdpSocket::bind("127.0.0.1:0")
         .await
         .context("binding the demo StatsD socket")?;
-    let statsd_port = statsd.local_addr()?.port();
+    let port = statsd.local_addr()?.port();
     let printer = tokio::spawn(async move {
         let mut buf = vec![0u8; 65_536];
         let mut datagrams = 0u64;
@@ -117,21 +157,19 @@ pub async fn run() -> anyhow::Result<()> {
         }
         datagrams
     });
+    Ok((port, printer))
+}
 
-    // The lock server: two holders die, one keeps renewing, one key's lease
-    // expires and is taken over before any sweeper runs, and one key carries
-    // hostile characters to show the escaping.
-    let abandoned = [
-        "payout:acct-1",
-        "payout:acct-2",
-        "tenant \"acme\" key=1\nforged level=error",
-    ];
+/// The lock server: two holders die, one keeps renewing, one key's lease
+/// expires and is taken over before any sweeper runs, and one key carries
+/// hostile characters. Returns the kept lease's token.
+async fn plant_leases(conn: &mut PgConnection) -> anyhow::Result<i64> {
     note(
         "the third abandoned key holds a quote, '=' and a newline on purpose: its lease_expired \
          line shows them escaped, so no key can forge a log line",
     );
-    for (i, key) in abandoned.iter().enumerate() {
-        let token = acquire(&mut conn, key, &format!("worker-{i}"), DEMO_TTL_MILLIS).await?;
+    for (i, key) in ABANDONED.iter().enumerate() {
+        let token = acquire(conn, key, &format!("worker-{i}"), DEMO_TTL_MILLIS).await?;
         info!(
             lockKey = key,
             token,
@@ -139,39 +177,42 @@ pub async fn run() -> anyhow::Result<()> {
             "demo_lease_acquired_then_abandoned"
         );
     }
-    let kept = acquire(&mut conn, KEPT_KEY, "worker-alive", DEMO_TTL_MILLIS).await?;
+    let kept = acquire(conn, KEPT_KEY, "worker-alive", DEMO_TTL_MILLIS).await?;
     info!(
         lockKey = KEPT_KEY,
         token = kept,
         "demo_lease_acquired_and_kept_alive"
     );
-    let stolen = acquire(&mut conn, "invoice:42", "worker-paused", 100).await?;
+    let stolen = acquire(conn, "invoice:42", "worker-paused", 100).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let thief = acquire(&mut conn, "invoice:42", "worker-new", 60_000).await?;
+    let thief = acquire(conn, "invoice:42", "worker-new", 60_000).await?;
     info!(
         lockKey = "invoice:42",
         oldToken = stolen,
         newToken = thief,
         "demo_expired_lease_taken_over"
     );
-    release(&mut conn, "invoice:42", thief).await?;
+    release(conn, "invoice:42", thief).await?;
     note(
         "the new holder of invoice:42 released it at once: the old holder's expiry is still \
          reported (reapedBy=takeover), and lock.held.current soon counts only report:daily",
     );
+    Ok(kept)
+}
 
-    // The job queue: the operator opens the substrate and enables the reaper
-    // but leaves it dry-run-only (staged); a worker claims two jobs on
-    // a short lease and dies. One has attempts left, one is on its last.
-    set_gate(&mut conn, "queue.job_substrate.enabled", "true").await?;
-    set_gate(&mut conn, "queue.lease.reaper_enabled", "true").await?;
-    set_gate(&mut conn, "queue.lease.duration_sec", DEMO_JOB_LEASE_SEC).await?;
-    let retried = enqueue(&mut conn, "email.send", 5).await?;
-    let buried = enqueue(&mut conn, "invoice.render", 1).await?;
+/// The job queue: the operator opens the substrate and enables the reaper
+/// but leaves it dry-run-only (staged); a worker claims two jobs on a short
+/// lease and dies.
+async fn plant_jobs(conn: &mut PgConnection) -> anyhow::Result<Planted> {
+    set_gate(conn, "queue.job_substrate.enabled", "true").await?;
+    set_gate(conn, "queue.lease.reaper_enabled", "true").await?;
+    set_gate(conn, "queue.lease.duration_sec", DEMO_JOB_LEASE_SEC).await?;
+    let retried = enqueue(conn, "email.send", 5).await?;
+    let buried = enqueue(conn, "invoice.render", 1).await?;
     let claimed: Vec<String> = sqlx::query_scalar(CLAIM)
         .bind("worker-7")
         .bind(2)
-        .fetch_all(&mut conn)
+        .fetch_all(&mut *conn)
         .await?;
     info!(
         jobs = claimed.len(),
@@ -179,21 +220,24 @@ pub async fn run() -> anyhow::Result<()> {
         leaseSec = DEMO_JOB_LEASE_SEC,
         "demo_jobs_claimed_then_abandoned"
     );
-
     note(
         "the job reaper is staged (enabled, but dry-run-only): the daemon will say job_reaper_gated \
          reason=queue.lease.reaper_dry_run_only=true; that is the safe default, not a failure",
     );
-    // A free loopback port for the scrape endpoint (asked of the kernel,
-    // then handed to the daemon, which binds it at start).
+    Ok(Planted { retried, buried })
+}
+
+/// The daemon itself, exactly as an operator runs it, with its scrape
+/// endpoint on a free loopback port.
+async fn start_daemon(url: &str, statsd_port: u16) -> anyhow::Result<Daemon> {
+    // Asked of the kernel, then handed to the daemon, which binds it at start.
     let scrape_addr = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .context("finding a free loopback port for the scrape endpoint")?;
-    // The daemon itself, exactly as an operator runs it.
     let exe = std::env::current_exe().context("locating this binary")?;
-    let mut daemon = tokio::process::Command::new(exe)
+    let child = tokio::process::Command::new(exe)
         .arg("run")
-        .env("LOCKDB_URL", &url)
+        .env("LOCKDB_URL", url)
         .env("STATSD_HOST", "127.0.0.1")
         .env("STATSD_PORT", statsd_port.to_string())
         .env(crate::output::scrape::ADDR_VAR, scrape_addr.to_string())
@@ -201,35 +245,58 @@ pub async fn run() -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()
         .context("starting `lease-sweeper run`")?;
-    let pid = daemon.id().context("daemon pid")? as i32;
+    let pid = child.id().context("daemon pid")? as i32;
     info!(pid, "demo_daemon_started");
     note(&format!(
         "while the demo runs, the daemon's Prometheus endpoint answers: curl http://{scrape_addr}{}",
         crate::output::scrape::PATH
     ));
+    Ok(Daemon {
+        child,
+        pid,
+        scrape_addr,
+    })
+}
 
-    // Keep one lease alive while waiting for the abandoned ones to be swept.
-    let deadline = Instant::now() + DEMO_DEADLINE;
-    while !swept(&mut conn, kept).await? {
+/// Keeps one lease alive while the daemon sweeps the abandoned ones.
+async fn wait_for_sweep(
+    conn: &mut PgConnection,
+    kept: i64,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    while !swept(conn, kept).await? {
         give_up_after(deadline, "sweep the abandoned leases")?;
         tokio::time::sleep(POLL).await;
     }
-    // Jobs: the dry run shows what the reaper would do; the daemon has said
-    // job_reaper_gated (dry_run_only). The operator flips the last gate and
-    // the next sweep reaps: one retry with backoff, one dead letter.
-    // (The lock server keeps renewing its live lease all the while.)
-    renew(&mut conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
-    let preview = crate::pg::job_queue::dry_run(&mut conn, 10).await?;
+    Ok(())
+}
+
+/// The dry run shows what the reaper would do (the daemon has said
+/// job_reaper_gated, dry-run-only); the operator flips the last gate and
+/// the next pass reaps: one retry with backoff, one dead letter. The lock
+/// server keeps renewing its live lease all the while.
+async fn open_reaper_and_wait(
+    conn: &mut PgConnection,
+    kept: i64,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    renew(conn, KEPT_KEY, kept, DEMO_TTL_MILLIS).await?;
+    let preview = crate::pg::job_queue::dry_run(conn, 10).await?;
     show_dry_run(&preview)?;
-    set_gate(&mut conn, "queue.lease.reaper_dry_run_only", "false").await?;
-    while !reaped(&mut conn, kept).await? {
+    set_gate(conn, "queue.lease.reaper_dry_run_only", "false").await?;
+    while !reaped(conn, kept).await? {
         give_up_after(deadline, "reap the abandoned jobs")?;
         tokio::time::sleep(POLL).await;
     }
-    for job in [&retried, &buried] {
+    Ok(())
+}
+
+/// Where each planted job ended up.
+async fn show_jobs(conn: &mut PgConnection, jobs: &Planted) -> anyhow::Result<()> {
+    for job in [&jobs.retried, &jobs.buried] {
         let after: JobAfterReap = sqlx::query_as(JOB_AFTER_REAP)
             .bind(job)
-            .fetch_one(&mut conn)
+            .fetch_one(&mut *conn)
             .await?;
         info!(
             jobId = %job,
@@ -240,26 +307,35 @@ pub async fn run() -> anyhow::Result<()> {
             "demo_job_after_reap"
         );
     }
+    Ok(())
+}
 
-    // One more sweep so the gauge and a quiet sweep (no WARN) show.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    show_scrape(scrape_addr).await?;
-
-    info!(pid, "demo_sending_sigterm");
+/// SIGTERM, and the daemon's exit within 10 s.
+async fn stop_daemon(daemon: &mut Daemon) -> anyhow::Result<std::process::ExitStatus> {
+    info!(pid = daemon.pid, "demo_sending_sigterm");
     // std and tokio only send SIGKILL; the daemon's drain is what is shown.
-    kill(Pid::from_raw(pid), Signal::SIGTERM).context("sending SIGTERM to the daemon")?;
-    let status = tokio::time::timeout(Duration::from_secs(10), daemon.wait())
+    kill(Pid::from_raw(daemon.pid), Signal::SIGTERM).context("sending SIGTERM to the daemon")?;
+    let status = tokio::time::timeout(Duration::from_secs(10), daemon.child.wait())
         .await
         .context("the daemon did not stop within 10 s of SIGTERM")??;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    printer.abort();
+    Ok(status)
+}
+
+/// What is left, the summary line, and the PostgreSQL removed; fails unless
+/// the daemon exited cleanly and reaped one job each way.
+async fn tear_down(
+    mut conn: PgConnection,
+    pg: ThrowawayPg,
+    status: std::process::ExitStatus,
+    started: Instant,
+) -> anyhow::Result<()> {
     let still_held: i64 = sqlx::query_scalar(HELD).fetch_one(&mut conn).await?;
     let jobs: ReapedJobs = sqlx::query_as(REAPED_JOBS).fetch_one(&mut conn).await?;
     conn.close().await.ok();
     drop(pg);
     info!(
         daemonExit = status.code().unwrap_or(-1),
-        leasesAbandoned = abandoned.len(),
+        leasesAbandoned = ABANDONED.len(),
         leasesTakenOver = 1,
         leasesStillHeld = still_held,
         jobsReset = jobs.reset,

@@ -17,7 +17,7 @@ use crate::pg::job_queue::PgJobQueue;
 use crate::pg::lock_store::PgLockStore;
 use crate::progress::Beat;
 use crate::progress::Progress;
-use crate::sweep::horizon::HorizonCheck;
+use crate::sweep::horizon_check::HorizonCheck;
 use crate::sweep::job_reaper::JobReaper;
 use crate::sweep::lock_sweeper::LockSweeper;
 

@@ -1,18 +1,8 @@
-//! One managed connection per service, its transactions, and how database
-//! failures are told.
-//!
-//! Owns connecting (through the host walk of `pgconn`), the guards every
-//! transaction sets (`BEGIN_GUARDED`, `in_tx`, `begin`), the order of every
-//! batch ("report, then commit"; for a handed-off batch "commit, claim the
-//! hand-off, report, commit"), dropping a connection after any error so the
-//! next call walks the hosts again (a failover), and describing failures with
-//! their real cause and one clear word (a hot standby, a pooler, TLS) instead
-//! of a pool's "timed out". It owns no SQL besides the guards; the schema is
-//! `migrate`'s.
-//!
-//! A pool is not used on purpose: each service does one thing at a time on
-//! its own connection, and a pool hides a refused connection behind
-//! `PoolTimedOut` after 30 s.
+//! One connection per service, its transactions, and how database failures
+//! are told. Owns connecting (the host walk of `pgconn`), the guards every
+//! transaction sets (`BEGIN_GUARDED`), the order of a batch's report and
+//! commit, dropping a connection after any error so the next call walks the
+//! hosts again, and naming a failure's real cause. No SQL besides the guards.
 
 use std::time::Duration;
 
@@ -61,6 +51,13 @@ pub const BEGIN_GUARDED: &str = concat!(
 /// How long the daemon waits for an idle probe's answer (`probe_row`): the
 /// same bound as `statement_timeout_ms!`, kept on the client side.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(statement_timeout_ms!());
+
+/// A batch's limit as the reaping functions take it (`integer`): the one
+/// place a batch size leaves `usize`. Saturates, so a limit above the
+/// functions' maximum is refused by them, never wrapped into range.
+pub fn limit_param(limit: usize) -> i32 {
+    i32::try_from(limit).unwrap_or(i32::MAX)
+}
 
 /// Runs one idle probe: a read-only statement sent ALONE with the simple
 /// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
@@ -131,6 +128,10 @@ pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothin
 
 /// A lazily opened connection that reconnects after failures.
 /// Its errors name the `work` it does.
+///
+/// Not a pool, on purpose: each service does one thing at a time on its own
+/// connection, and a pool hides a refused connection behind `PoolTimedOut`
+/// after 30 s.
 pub struct Db {
     target: DbTarget,
     work: Work,
@@ -538,29 +539,6 @@ mod tests {
         assert_eq!(
             tls("Connection refused (os error 111)"),
             "error communicating with database: Connection refused (os error 111)"
-        );
-    }
-
-    const STATEMENT_TIMEOUT_MS: &str = concat!(statement_timeout_ms!());
-    const IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = concat!(idle_in_transaction_timeout_ms!());
-
-    #[test]
-    fn the_probes_wait_as_long_as_the_server_guard_would() {
-        assert_eq!(
-            PROBE_TIMEOUT.as_millis().to_string(),
-            STATEMENT_TIMEOUT_MS,
-            "PROBE_TIMEOUT and STATEMENT_TIMEOUT_MS are one bound"
-        );
-    }
-
-    #[test]
-    fn the_guards_are_set_locally_with_their_named_values() {
-        assert_eq!(
-            BEGIN_GUARDED,
-            format!(
-                "BEGIN; SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-                 SET LOCAL idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-            )
         );
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Owns the two statements, the transaction they run in (read-only, with its
 //! own short guards, PgBouncer-safe) and decoding their rows. It owns no
-//! timing, wording or threshold: `sweep::horizon` decides what is held and
+//! timing, wording or threshold: `sweep::horizon_check` decides what is held and
 //! for how long, and what to say. It reads only catalog views that PUBLIC
 //! may read, so it needs no definer function and no grant; what a role
 //! without `pg_read_all_stats` cannot see of other roles' sessions comes

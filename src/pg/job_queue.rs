@@ -1,22 +1,15 @@
-//! The job queue in PostgreSQL: statements on it, its gates and its lease
-//! durations, and the job reaper's connection and apply transaction.
-//!
-//! The statements call the SQL functions in
-//! `migrations/20261129000200_job_queue.sql`, each returning that function's
-//! JSON as text (`::text`), so the crate needs no sqlx JSON feature and the
-//! CLI can print exactly what the database said. `PgJobQueue` runs them for
-//! the job reaper on its own connection, decodes the JSON into `model`'s
-//! shapes and writes an apply batch's lines (through the caller's `report`)
-//! once its jobs are committed and before the batch's hand-off is deleted. The reaping rules (gates, backoff, dead letters) are
-//! SQL's; when to reap and what to log are `sweep::job_reaper`'s, except one
-//! ERROR line per job the database set aside (`job_set_aside`).
+//! The job queue in PostgreSQL: the statements on it, each returning its SQL
+//! function's JSON as text (no sqlx JSON feature; the CLI prints what the
+//! database said), and `PgJobQueue`, the job reaper's `JobQueue` on its own
+//! connection, with the `job_set_aside` line only it sees. Not the reaping
+//! rules (SQL, `migrations/`) nor when to reap (`sweep::job_reaper`).
 
 use sqlx::{FromRow, PgConnection, Row as _};
 
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, Db};
-use crate::store::{Report, StoreError, Work};
+use crate::store::{Applied, ApplyBatch, Gates, JobQueue, PassStart, Report, StoreError, Work};
 
 /// The read-only dry run: `$1` = limit (1..10000).
 pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
@@ -188,31 +181,8 @@ struct GatesRow {
     abandoned: bool,
 }
 
-/// The first answer of a pass: the gates, and whether an abandoned
-/// hand-off waits (`PgJobQueue::recover`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassStart {
-    pub gates: Gates,
-    pub abandoned: bool,
-}
-
-/// What the gates say at the start of a pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Gates {
-    /// All three allow reaping.
-    Allow,
-    /// They refuse, for `reason`; `stale` is the stale-lease count read in
-    /// the same statement.
-    Refuse { reason: String, stale: u64 },
-}
-
-/// One apply call that did not fail.
-pub enum ApplyBatch {
-    /// The gates allowed it; its lines were written and it committed.
-    Applied(ApplyReport),
-    /// The gates closed since they were read; nothing changed.
-    Refused(String),
-}
+/// The `backend` tag: this queue lives in PostgreSQL.
+const BACKEND: &str = "pg";
 
 /// The job reaper's view of the queue, on a connection of its own.
 pub struct PgJobQueue {
@@ -225,11 +195,17 @@ impl PgJobQueue {
             db: Db::new(target, Work::JobQueue),
         }
     }
+}
+
+impl JobQueue for PgJobQueue {
+    fn backend_id(&self) -> &'static str {
+        BACKEND
+    }
 
     /// The gates' refusal reason, or `None` when they allow reaping; with a
     /// refusal, also the stale-lease count (nothing will be reaped, so it
     /// stands for the pass). One statement: `GATES_THEN_STALE`.
-    pub async fn gates(&mut self) -> Result<PassStart, StoreError> {
+    async fn gates(&mut self) -> Result<PassStart, StoreError> {
         // The one statement calls all three: a failure names them.
         const WHAT: &str =
             "fn_job_reaper_gate_refusal, fn_job_stale_lease_count, fn_job_reap_handoff_abandoned";
@@ -259,17 +235,15 @@ impl PgJobQueue {
         })
     }
 
-    /// Writes the lines of one abandoned hand-off and deletes it; the number
-    /// of actions, 0 when none waits.
-    pub async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
+    async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
         let conn = self.db.conn().await?;
         recover_in_tx(conn, report)
             .await
             .map_err(|f| self.db.batch_failed(f))
     }
 
-    /// Stale job leases right now (`STALE_COUNT`).
-    pub async fn stale_count(&mut self) -> Result<u64, StoreError> {
+    /// `STALE_COUNT`.
+    async fn stale_count(&mut self) -> Result<u64, StoreError> {
         const WHAT: &str = "fn_job_stale_lease_count";
         let conn = self.db.conn().await?;
         conn::probe_row(conn, STALE_COUNT)
@@ -279,12 +253,10 @@ impl PgJobQueue {
             .map_err(|e| self.db.query_failed(WHAT, e))
     }
 
-    /// Applies one batch of at most `limit` jobs as `actor`; `report` writes
-    /// its actions' lines before the commit.
-    pub async fn apply_batch(
+    async fn apply_batch(
         &mut self,
         actor: &str,
-        limit: i32,
+        limit: usize,
         report: Report<'_, JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
         let conn = self.db.conn().await?;
@@ -299,7 +271,7 @@ impl PgJobQueue {
 async fn apply_in_tx(
     conn: &mut PgConnection,
     actor: &str,
-    limit: i32,
+    limit: usize,
     report: Report<'_, JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
     const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
@@ -307,7 +279,7 @@ async fn apply_in_tx(
     let (handoff_id, text): (Option<i64>, String) = sqlx::query_as(APPLY_HANDED_OFF)
         .persistent(false)
         .bind(actor)
-        .bind(limit)
+        .bind(conn::limit_param(limit))
         .fetch_one(&mut *tx)
         .await
         .map_err(|e| BatchFailure::Query(WHAT, e))?;
@@ -315,6 +287,11 @@ async fn apply_in_tx(
     if report_json.refused {
         return Ok(ApplyBatch::Refused(report_json.reason.unwrap_or(text)));
     }
+    let applied = Applied {
+        n: report_json.actions.len(),
+        reset: report_json.reset_count,
+        dead_lettered: report_json.dead_letter_count,
+    };
     // Not reaped, so nothing to write; a set-aside job keeps the batch
     // short, so the pass moves on and the next retries it.
     log_set_aside(&report_json.set_aside);
@@ -323,7 +300,7 @@ async fn apply_in_tx(
     // then write the lines.
     conn::commit(tx).await?;
     let Some(id) = handoff_id else {
-        return Ok(ApplyBatch::Applied(report_json));
+        return Ok(ApplyBatch::Applied(applied));
     };
     let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
     let reported = conn::claim_then_report(
@@ -336,13 +313,13 @@ async fn apply_in_tx(
     .await?;
     if !reported {
         // Another reaper recovered the hand-off and wrote (and counted) it.
-        return Ok(ApplyBatch::Applied(ApplyReport {
-            reset_count: 0,
-            dead_letter_count: 0,
-            ..report_json
+        return Ok(ApplyBatch::Applied(Applied {
+            reset: 0,
+            dead_lettered: 0,
+            ..applied
         }));
     }
-    Ok(ApplyBatch::Applied(report_json))
+    Ok(ApplyBatch::Applied(applied))
 }
 
 /// One abandoned hand-off: its report's lines written, then its deletion
@@ -383,7 +360,7 @@ fn log_set_aside(jobs: &[SetAsideJob]) {
             jobKind = %job.job_kind.as_deref().unwrap_or(""),
             leaseOwner = %job.lease_owner.as_deref().unwrap_or(""),
             cause = %job.error,
-            backend = "pg",
+            backend = BACKEND,
             "job_set_aside"
         );
     }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use sqlx::{FromRow, PgConnection};
 
 use crate::model::{ExpiredLease, ReapedBy};
+use crate::pg::conn;
 
 /// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
 /// (`SWEEP_PROBE`) can carry it without building SQL at run time.
@@ -246,12 +247,12 @@ fn zip_leases(
 
 pub async fn reap_expired(
     conn: &mut PgConnection,
-    limit: i32,
+    limit: usize,
     after_millis: Option<i64>,
 ) -> Result<HandedOff, sqlx::Error> {
     let row: HandedOffRow = sqlx::query_as(REAP_EXPIRED)
         .persistent(false)
-        .bind(limit)
+        .bind(conn::limit_param(limit))
         .bind(after_millis)
         .fetch_one(conn)
         .await?;
@@ -290,11 +291,11 @@ pub async fn reap_expired(
 
 pub async fn drain_takeovers(
     conn: &mut PgConnection,
-    limit: i32,
+    limit: usize,
 ) -> Result<LeaseBatch, sqlx::Error> {
     let rows: Vec<LeaseRow> = sqlx::query_as(DRAIN_TAKEOVERS)
         .persistent(false)
-        .bind(limit)
+        .bind(conn::limit_param(limit))
         .fetch_all(conn)
         .await?;
     Ok(split(rows, ReapedBy::Takeover))
@@ -357,12 +358,12 @@ struct WalkRow {
 /// at (-1 once the walk has reached the end of the table).
 pub async fn reap_expired_walk(
     conn: &mut PgConnection,
-    limit: i32,
+    limit: usize,
     from_page: i64,
 ) -> Result<(HandedOff, i64), sqlx::Error> {
     let row: WalkRow = sqlx::query_as(REAP_EXPIRED_WALK)
         .persistent(false)
-        .bind(limit)
+        .bind(conn::limit_param(limit))
         .bind(from_page)
         .fetch_one(conn)
         .await?;
@@ -427,17 +428,6 @@ pub async fn held_count(
 mod tests {
     use super::*;
     use crate::sweep::SWEEP_DELAY;
-
-    #[test]
-    fn the_probe_carries_the_named_max_age() {
-        assert_eq!(
-            SWEEP_PROBE,
-            format!(
-                "SELECT expired, takeovers, held FROM lock_sweep_probe({})",
-                HELD_COUNT_MAX_AGE.as_millis()
-            )
-        );
-    }
 
     /// What docs/metrics-and-logs.md promises for `lock.held.current`: an
     /// acquisition or release is in every daemon's gauge within the max age

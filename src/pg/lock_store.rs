@@ -1,38 +1,41 @@
-//! The PostgreSQL lock backend (`backend=pg`).
-//!
-//! Owns the two transactions of each batch, which is where "at least once,
-//! never lost" is made without the lock server waiting on the lines: one
-//! call deletes the batch and records it in a hand-off row, and commits (the
-//! leases' row locks end there); then the hand-off is claimed, the rows
-//! reported (the caller writes and flushes their lines), and the claim
-//! committed. A failed report or a dropped connection leaves the hand-off
-//! for any sweeper to recover, so nothing is lost. It also owns how a sweep
-//! finds its rows cheaply: one probe
-//! statement for an idle sweep, the expiry index for a few expired leases, a
-//! walk of the heap in page order for a backlog, and the held-lease count
-//! the whole fleet shares. The statements themselves are in `lock_entry`;
-//! when to sweep and what to log are the lock sweeper's
-//! (`sweep::lock_sweeper`), except one ERROR line per lease the database set
-//! aside (`lease_set_aside`), which only this layer sees: it never reaches
-//! the sweeper as a reaped lease.
+//! The PostgreSQL lock backend (`backend=pg`): a sweep's stages over
+//! `lock_entry`'s statements. Owns each batch's two transactions (delete and
+//! hand off, commit; then claim, report, commit), the probe that makes an
+//! idle sweep one statement, how a backlog is found (index or heap walk), and
+//! the `lease_set_aside` line only it sees. Not the statements (`lock_entry`)
+//! nor when to sweep and what else to log (`sweep::lock_sweeper`).
 
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{LockStore, Reaped, StoreError, Work};
+use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
 pub struct PgLockStore {
     db: Db,
-    /// Where the next expired-lease batch starts.
+}
+
+/// A sweep's first stage (`ExpiryStage`): what its probe found and where
+/// its next batch starts.
+pub struct PgSweep<'s> {
+    store: &'s mut PgLockStore,
+    probe: Probe,
+    /// The probe was asked since the last batch (`begin_sweep` asks it for
+    /// the first one).
+    probed: bool,
     next: Next,
     /// The walk ran out of its page budget during this sweep (expired rows
     /// are sparse): the rest of the sweep uses the index.
     sparse: bool,
-    /// What this sweep's probe found, until the sweep has used it.
-    probe: Option<Probe>,
+}
+
+/// A sweep's second stage (`TakeoverStage`): the probe's answer, for
+/// whether takeovers wait and for the held count.
+pub struct PgTakeovers<'s> {
+    store: &'s mut PgLockStore,
+    probe: Probe,
 }
 
 /// The answer of `lock_sweep_probe`, asked before the first batch of a
@@ -101,16 +104,13 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target, Work::LockLeases),
-            next: Next::Oldest,
-            sparse: false,
-            probe: None,
         }
     }
 
     async fn batch(
         &mut self,
         kind: Reap,
-        limit: i32,
+        limit: usize,
         report: Report<'_>,
     ) -> Result<Done, StoreError> {
         let conn = self.db.conn().await?;
@@ -119,17 +119,34 @@ impl PgLockStore {
             .map_err(|failure| self.db.batch_failed(failure))
     }
 
+    /// Asks whether anything expired or was taken over, and the shared count:
+    /// one simple-protocol round trip (`conn::probe_row`).
+    async fn probe(&mut self) -> Result<Probe, StoreError> {
+        let conn = self.db.conn().await?;
+        match locks::sweep_probe(conn).await {
+            Ok(found) => Ok(Probe {
+                takeovers: found.takeovers,
+                held: found.held,
+                unchanged: !found.expired,
+            }),
+            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
+        }
+    }
+}
+
+impl PgSweep<'_> {
     /// One batch by the expiry index, after `after_millis` (`None`: all).
     async fn index_batch(
         &mut self,
         after_millis: Option<i64>,
-        limit: i32,
+        limit: usize,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
         let done = self
+            .store
             .batch(Reap::Index { after_millis }, limit, report)
             .await?;
-        self.next = if done.n < limit as usize {
+        self.next = if done.n < limit {
             self.sparse = false;
             Next::Oldest
         } else if after_millis.is_none() && !self.sparse {
@@ -143,12 +160,16 @@ impl PgLockStore {
         Ok(done.reaped())
     }
 
-    async fn reap(&mut self, limit: i32, report: Report<'_>) -> Result<Reaped, StoreError> {
+    async fn reap(&mut self, limit: usize, report: Report<'_>) -> Result<Reaped, StoreError> {
         match self.next {
             Next::Oldest => self.index_batch(None, limit, report).await,
             Next::After(after) => self.index_batch(Some(after), limit, report).await,
             Next::Walk(from_page) => {
-                let done = match self.batch(Reap::Walk { from_page }, limit, report).await {
+                let walked = self
+                    .store
+                    .batch(Reap::Walk { from_page }, limit, report)
+                    .await;
+                let done = match walked {
                     Ok(done) => done,
                     // A walk batch that failed rolled back whole (a row that
                     // cannot be deleted, say). The index reap sets such a row
@@ -162,7 +183,7 @@ impl PgLockStore {
                     Err(e) => return Err(e),
                 };
                 let next_page = done.next_page.unwrap_or(-1);
-                if done.n >= limit as usize && next_page >= 0 {
+                if done.n >= limit && next_page >= 0 {
                     self.next = Next::Walk(next_page);
                     return Ok(done.reaped());
                 }
@@ -183,20 +204,6 @@ impl PgLockStore {
             }
         }
     }
-
-    /// Asks whether anything expired or was taken over, and the shared count:
-    /// one simple-protocol round trip (`conn::probe_row`).
-    async fn probe(&mut self) -> Result<Probe, StoreError> {
-        let conn = self.db.conn().await?;
-        match locks::sweep_probe(conn).await {
-            Ok(found) => Ok(Probe {
-                takeovers: found.takeovers,
-                held: found.held,
-                unchanged: !found.expired,
-            }),
-            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
-        }
-    }
 }
 
 /// Delete (or drain), report, commit. A takeover's record is the outbox row
@@ -207,7 +214,7 @@ impl PgLockStore {
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
-    limit: i32,
+    limit: usize,
     report: Report<'_>,
 ) -> Result<Done, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
@@ -284,28 +291,46 @@ fn log_set_aside(rows: &[locks::SetAsideLease]) {
 }
 
 impl LockStore for PgLockStore {
+    type Sweep<'s> = PgSweep<'s>;
+
     fn backend_id(&self) -> &'static str {
         "pg"
     }
+
+    async fn begin_sweep(&mut self) -> Result<PgSweep<'_>, StoreError> {
+        // Asked before the first batch: an idle sweep ends on this answer.
+        let probe = self.probe().await?;
+        Ok(PgSweep {
+            store: self,
+            probe,
+            probed: true,
+            next: Next::Oldest,
+            sparse: false,
+        })
+    }
+}
+
+impl<'s> ExpiryStage for PgSweep<'s> {
+    type Takeovers = PgTakeovers<'s>;
 
     async fn reap_expired(
         &mut self,
         limit: usize,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         if self.next == Next::Oldest {
-            // The first batch of a sweep: ask first whether there is anything.
-            let probe = self.probe().await?;
-            self.probe = Some(probe);
-            if probe.unchanged {
+            // Back at the oldest after a full batch (a walk that reached
+            // the end of the table, say): ask again whether anything is left.
+            if !self.probed {
+                self.probe = self.store.probe().await?;
+            }
+            self.probed = false;
+            if self.probe.unchanged {
                 return Ok(Reaped::default());
             }
         }
         let result = self.reap(limit, report).await;
-        if let Some(p) = self.probe.as_mut() {
-            p.unchanged = false;
-        }
+        self.probe.unchanged = false;
         if result.is_err() {
             // After an error the next batch starts from the oldest again.
             self.next = Next::Oldest;
@@ -314,49 +339,57 @@ impl LockStore for PgLockStore {
         result
     }
 
+    fn into_takeovers(self) -> Self::Takeovers {
+        PgTakeovers {
+            store: self.store,
+            probe: self.probe,
+        }
+    }
+}
+
+impl TakeoverStage for PgTakeovers<'_> {
     async fn drain_takeovers(
         &mut self,
         limit: usize,
         report: Report<'_>,
     ) -> Result<usize, StoreError> {
-        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-        if let Some(p) = self.probe.as_mut() {
-            if !p.takeovers {
-                return Ok(0);
-            }
-            p.unchanged = false;
+        if !self.probe.takeovers {
+            return Ok(0);
         }
+        self.probe.unchanged = false;
         // Abandoned hand-offs first (the probe's `takeovers` covers both):
         // their leases expired before any takeover still recorded.
+        let db = &mut self.store.db;
         let mut n = 0;
         loop {
-            let conn = self.db.conn().await?;
+            let conn = db.conn().await?;
             let recovered = recover_in_tx(conn, report)
                 .await
-                .map_err(|failure| self.db.batch_failed(failure))?;
+                .map_err(|failure| db.batch_failed(failure))?;
             if recovered == 0 {
                 break;
             }
             n += recovered;
         }
-        Ok(n + self.batch(Reap::Takeovers, limit, report).await?.n)
+        Ok(n + self.store.batch(Reap::Takeovers, limit, report).await?.n)
     }
 
-    async fn held_count(&mut self) -> Result<i64, StoreError> {
+    async fn held_count(self) -> Result<i64, StoreError> {
         // The sweep ends here: its probe, if nothing changed since, answers.
-        if let Some(Probe {
+        if let Probe {
             unchanged: true,
             held: Some(held),
             ..
-        }) = self.probe.take()
+        } = self.probe
         {
             return Ok(held);
         }
         let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
-        let conn = self.db.conn().await?;
+        let db = &mut self.store.db;
+        let conn = db.conn().await?;
         match conn::in_tx(conn, async |c| locks::held_count(c, max_age).await).await {
             Ok(count) => Ok(count.held),
-            Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
+            Err(e) => Err(db.query_failed("lock_held_count_get", e)),
         }
     }
 }

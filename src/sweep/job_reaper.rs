@@ -1,20 +1,9 @@
-//! The job reaper: one pass returns stale job leases to the queue (or the
-//! dead-letter table) while the three gates allow it, and reports the
-//! stale-lease gauge, `queue.lease.stale.current`.
-//!
-//! Owns, once per pass: asking whether the gates allow reaping, logging a
-//! change of that answer once at INFO (never once per pass), applying batch
-//! by batch while they do, one WARN `job_lease_expired` line per action
-//! written before its batch's hand-off is gone (the jobs' row locks end
-//! before the lines are written), reporting a hand-off another reaper left,
-//! `queue.lease.reaped` counts flushed with each batch, and the
-//! `queue.lease.stale.current` gauge. Timing, shutdown
-//! and error logging are `sweep::run`'s; it runs in its own loop on its own
-//! connection, so it never holds up the lock sweeper.
-//!
-//! It does not own the reaping rules (backoff, dead-lettering, the gate order
-//! and the stale predicate all live in SQL, `migrations/`), the statements
-//! (`pg::job_queue`), nor the CLI (`cmd::jobs`).
+//! The job reaper: a pass reports abandoned hand-offs, then returns stale
+//! job leases to the queue (or the dead-letter table) batch by batch while
+//! the gates allow, and sets the stale-lease gauge. Owns logging a change of
+//! the gates' answer once, the `job_lease_expired` lines and the counts sent
+//! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
+//! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
 
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -22,9 +11,8 @@ use tracing::info;
 use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
-use crate::pg::job_queue::{ApplyBatch, Gates, PgJobQueue};
-use crate::store::StoreError;
-use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
+use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
+use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles. The apply holds its rows
 /// for its statement, about 50 µs of server CPU a job (docs/performance.md),
@@ -34,17 +22,14 @@ use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
 /// 1,000 on an idle database, each batch's scan of the stale index stepping
 /// over the entries earlier batches left); the pass loops until a short
 /// batch, so a backlog still drains in one pass.
-pub const JOB_BATCH_SIZE: i32 = 1_000;
-
-/// The `backend` tag: the job queue lives only in PostgreSQL.
-pub const BACKEND: &str = "pg";
+pub const JOB_BATCH_SIZE: usize = 1_000;
 
 /// The event name of the per-action WARN line.
 pub const JOB_LEASE_EXPIRED: &str = "job_lease_expired";
 
 /// What one reaper pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct JobOutcome {
+pub struct ReapOutcome {
     pub reset: u64,
     pub dead_lettered: u64,
     /// Stale leases left after the pass (the gauge's value).
@@ -55,7 +40,7 @@ pub struct JobOutcome {
     pub interrupted: bool,
 }
 
-impl Outcome for JobOutcome {
+impl Outcome for ReapOutcome {
     fn log_done(&self) {
         tracing::debug!(
             reset = self.reset,
@@ -78,21 +63,21 @@ enum GateState {
 }
 
 /// The job-lease service.
-pub struct JobReaper {
-    queue: PgJobQueue,
+pub struct JobReaper<Q: JobQueue> {
+    queue: Q,
     events: EventLog,
     metrics: Metrics,
     actor: String,
     gate: GateState,
 }
 
-impl JobReaper {
+impl<Q: JobQueue> JobReaper<Q> {
     /// `actor` is recorded on every dead letter and in apply's report; the
     /// daemon uses `lease-sweeper@<hostname>`.
-    pub fn new(queue: PgJobQueue, events: EventLog, metrics: Metrics, actor: String) -> Self {
+    pub fn new(queue: Q, events: EventLog, metrics: Metrics, actor: String) -> Self {
         // Both actions' counters exist from the first scrape, at zero.
         for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
-            metrics.job_lease_reaped(BACKEND, action, 0);
+            metrics.job_lease_reaped(queue.backend_id(), action, 0);
         }
         Self {
             queue,
@@ -113,8 +98,8 @@ impl JobReaper {
     pub async fn reap_once(
         &mut self,
         cancel: &CancellationToken,
-    ) -> Result<JobOutcome, StoreError> {
-        let mut outcome = JobOutcome::default();
+    ) -> Result<ReapOutcome, StoreError> {
+        let mut outcome = ReapOutcome::default();
         // One statement when the gates refuse: their reason and the gauge.
         let start = self.queue.gates().await?;
         if start.abandoned {
@@ -124,14 +109,18 @@ impl JobReaper {
             Gates::Allow => (None, None),
             Gates::Refuse { reason, stale } => (Some(reason), Some(stale)),
         };
-        let mut drain = Drain::new(JOB_BATCH_SIZE as usize);
+        let backend = self.queue.backend_id();
+        let mut drain = Drain::new(JOB_BATCH_SIZE);
         while refusal.is_none() && drain.go_on(cancel) {
             self.note_gate(None);
             let (events, metrics) = (&mut self.events, &self.metrics);
             let mut report = |actions: &[JobAction]| {
                 events
-                    .warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))
-                    .inspect(|()| metrics.job_lease_overdue(BACKEND, actions))
+                    .warn_lines(
+                        JOB_LEASE_EXPIRED,
+                        actions.iter().map(|a| line_fields(a, backend)),
+                    )
+                    .inspect(|()| metrics.job_lease_overdue(backend, actions))
             };
             match self
                 .queue
@@ -143,18 +132,18 @@ impl JobReaper {
                     refusal = Some(reason);
                     drain.stop();
                 }
-                ApplyBatch::Applied(report) => {
-                    drain.took(report.actions.len());
+                ApplyBatch::Applied(applied) => {
+                    drain.took(applied.n);
                     self.metrics
-                        .job_lease_reaped(BACKEND, ACTION_RESET, report.reset_count);
+                        .job_lease_reaped(backend, ACTION_RESET, applied.reset);
                     self.metrics.job_lease_reaped(
-                        BACKEND,
+                        backend,
                         ACTION_DEAD_LETTER,
-                        report.dead_letter_count,
+                        applied.dead_lettered,
                     );
                     self.metrics.flush().await;
-                    outcome.reset += report.reset_count;
-                    outcome.dead_lettered += report.dead_letter_count;
+                    outcome.reset += applied.reset;
+                    outcome.dead_lettered += applied.dead_lettered;
                 }
             }
         }
@@ -170,19 +159,23 @@ impl JobReaper {
             Some(stale) => stale,
             None => self.queue.stale_count().await?,
         };
-        self.metrics.stale_jobs_current(BACKEND, outcome.stale);
+        self.metrics.stale_jobs_current(backend, outcome.stale);
         Ok(outcome)
     }
 
     /// Reports every abandoned hand-off, one transaction each, counting its
     /// actions as they are written.
-    async fn recover(&mut self, outcome: &mut JobOutcome) -> Result<(), StoreError> {
+    async fn recover(&mut self, outcome: &mut ReapOutcome) -> Result<(), StoreError> {
+        let backend = self.queue.backend_id();
         loop {
             let (mut reset, mut dead) = (0, 0);
             let (events, metrics) = (&mut self.events, &self.metrics);
             let mut report = |actions: &[JobAction]| {
-                events.warn_lines(JOB_LEASE_EXPIRED, actions.iter().map(line_fields))?;
-                metrics.job_lease_overdue(BACKEND, actions);
+                events.warn_lines(
+                    JOB_LEASE_EXPIRED,
+                    actions.iter().map(|a| line_fields(a, backend)),
+                )?;
+                metrics.job_lease_overdue(backend, actions);
                 for a in actions {
                     if a.action == ACTION_DEAD_LETTER {
                         dead += 1;
@@ -195,9 +188,9 @@ impl JobReaper {
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
-            self.metrics.job_lease_reaped(BACKEND, ACTION_RESET, reset);
+            self.metrics.job_lease_reaped(backend, ACTION_RESET, reset);
             self.metrics
-                .job_lease_reaped(BACKEND, ACTION_DEAD_LETTER, dead);
+                .job_lease_reaped(backend, ACTION_DEAD_LETTER, dead);
             self.metrics.flush().await;
             outcome.reset += reset;
             outcome.dead_lettered += dead;
@@ -226,11 +219,12 @@ impl JobReaper {
     }
 }
 
-impl Service for JobReaper {
-    type Outcome = JobOutcome;
+impl<Q: JobQueue> Service for JobReaper<Q> {
+    type Outcome = ReapOutcome;
+    const SERVICE: &'static str = "job_reaper";
     const NAME: &'static str = "job_reaper";
     const WORK: &'static str = "job_reap";
-    const SERVICE: &'static str = "job_reaper";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Reaps;
 
     fn log_started(&self) {
         info!(
@@ -241,7 +235,7 @@ impl Service for JobReaper {
         );
     }
 
-    async fn pass(&mut self, cancel: &CancellationToken) -> Result<JobOutcome, StoreError> {
+    async fn pass(&mut self, cancel: &CancellationToken) -> Result<ReapOutcome, StoreError> {
         self.reap_once(cancel).await
     }
 }
@@ -250,7 +244,7 @@ impl Service for JobReaper {
 /// `attempts` is the dedupe key: after a crash between writing and
 /// committing, the same pair can be reported again by the next pass, while
 /// one job expiring on two attempts is two events.
-fn line_fields(a: &JobAction) -> Vec<(&'static str, String)> {
+fn line_fields(a: &JobAction, backend: &str) -> Vec<(&'static str, String)> {
     let mut pairs = vec![
         ("jobId", a.job_id.clone()),
         ("jobKind", a.job_kind.clone()),
@@ -266,6 +260,375 @@ fn line_fields(a: &JobAction) -> Vec<(&'static str, String)> {
     if let Some(dead) = &a.dead_letter {
         pairs.push(("deadLetterId", dead.dead_letter_id.clone()));
     }
-    pairs.push(("backend", BACKEND.to_owned()));
+    pairs.push(("backend", backend.to_owned()));
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::config::StatsdTarget;
+    use crate::model::DeadLetter;
+    use crate::store::{Applied, PassStart, Report, Work};
+    use crate::sweep::test_log;
+
+    /// What the stub's next `apply_batch` call does.
+    enum Apply {
+        /// Reaps this many: resets, then dead letters.
+        Reap(usize, usize),
+        /// Reaps this many resets, then fires the token (a signal mid-drain).
+        ReapThenCancel(usize, CancellationToken),
+        /// The gates closed since they were read.
+        Refuse(&'static str),
+    }
+
+    #[derive(Clone, Default)]
+    struct Stub {
+        /// What `gates` answers, one per pass (then: allow, none abandoned).
+        starts: Arc<Mutex<VecDeque<PassStart>>>,
+        /// What each `apply_batch` does, in order (then: an empty batch).
+        applies: Arc<Mutex<VecDeque<Apply>>>,
+        /// The abandoned hand-offs `recover` finds, each as (resets, dead letters).
+        abandoned: Arc<Mutex<VecDeque<(usize, usize)>>>,
+        /// Every call, in order: `gates`, `recover`, `apply`, `stale`.
+        calls: Arc<Mutex<Vec<&'static str>>>,
+        /// How many `gates` calls fail before they answer (a database down).
+        down_for: Arc<Mutex<u32>>,
+    }
+
+    /// The stale-lease count the stub's `stale_count` answers.
+    const STALE_AFTER_APPLY: u64 = 4;
+
+    impl Stub {
+        fn called(&self, call: &'static str) {
+            self.calls.lock().unwrap().push(call);
+        }
+        fn calls(&self) -> Vec<&'static str> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+        fn starts(&self, starts: impl IntoIterator<Item = PassStart>) {
+            self.starts.lock().unwrap().extend(starts);
+        }
+        fn applies(&self, applies: impl IntoIterator<Item = Apply>) {
+            self.applies.lock().unwrap().extend(applies);
+        }
+    }
+
+    fn refuse(reason: &str, stale: u64) -> PassStart {
+        PassStart {
+            gates: Gates::Refuse {
+                reason: reason.into(),
+                stale,
+            },
+            abandoned: false,
+        }
+    }
+
+    const ALLOW: PassStart = PassStart {
+        gates: Gates::Allow,
+        abandoned: false,
+    };
+
+    fn actions(reset: usize, dead: usize) -> Vec<JobAction> {
+        (0..reset + dead)
+            .map(|i| JobAction {
+                action: if i < reset {
+                    ACTION_RESET
+                } else {
+                    ACTION_DEAD_LETTER
+                }
+                .into(),
+                job_id: format!("j{i}"),
+                attempts: 1,
+                job_kind: "k".into(),
+                lease_owner: Some("w".into()),
+                max_attempts: 3,
+                overdue_millis: 5,
+                backoff_sec: (i < reset).then_some(2),
+                dead_letter: (i >= reset).then(|| DeadLetter {
+                    dead_letter_id: format!("d{i}"),
+                }),
+            })
+            .collect()
+    }
+
+    fn written(report: Report<'_, JobAction>, batch: &[JobAction]) -> Result<(), StoreError> {
+        report(batch).map_err(|source| StoreError::Report {
+            work: Work::JobQueue,
+            source,
+        })
+    }
+
+    impl JobQueue for Stub {
+        fn backend_id(&self) -> &'static str {
+            "stub"
+        }
+
+        async fn gates(&mut self) -> Result<PassStart, StoreError> {
+            self.called("gates");
+            let mut down_for = self.down_for.lock().unwrap();
+            if *down_for > 0 {
+                *down_for -= 1;
+                return Err(StoreError::Query {
+                    work: Work::JobQueue,
+                    query: "gates",
+                    cause: "down".into(),
+                    source: None,
+                });
+            }
+            Ok(self.starts.lock().unwrap().pop_front().unwrap_or(ALLOW))
+        }
+
+        async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
+            self.called("recover");
+            let Some((reset, dead)) = self.abandoned.lock().unwrap().pop_front() else {
+                return Ok(0);
+            };
+            written(report, &actions(reset, dead))?;
+            Ok(reset + dead)
+        }
+
+        async fn apply_batch(
+            &mut self,
+            actor: &str,
+            limit: usize,
+            report: Report<'_, JobAction>,
+        ) -> Result<ApplyBatch, StoreError> {
+            self.called("apply");
+            assert_eq!((actor, limit), ("tester", JOB_BATCH_SIZE));
+            let next = self.applies.lock().unwrap().pop_front();
+            let (reset, dead) = match next.unwrap_or(Apply::Reap(0, 0)) {
+                Apply::Reap(reset, dead) => (reset, dead),
+                Apply::ReapThenCancel(reset, token) => {
+                    token.cancel();
+                    (reset, 0)
+                }
+                Apply::Refuse(reason) => return Ok(ApplyBatch::Refused(reason.into())),
+            };
+            written(report, &actions(reset, dead))?;
+            Ok(ApplyBatch::Applied(Applied {
+                n: reset + dead,
+                reset: reset as u64,
+                dead_lettered: dead as u64,
+            }))
+        }
+
+        async fn stale_count(&mut self) -> Result<u64, StoreError> {
+            self.called("stale");
+            Ok(STALE_AFTER_APPLY)
+        }
+    }
+
+    fn reaper(stub: &Stub) -> (JobReaper<Stub>, crate::output::events::MemoryLog) {
+        let (log, lines) = EventLog::in_memory();
+        // Port 9 (discard) on loopback: metrics are not what these tests check.
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let reaper = JobReaper::new(stub.clone(), log, metrics, "tester".into());
+        (reaper, lines)
+    }
+
+    fn reasons(log: &test_log::Captured) -> Vec<String> {
+        log.events("job_reaper_gated")
+            .into_iter()
+            .map(|fields| fields["reason"].clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn closed_gates_apply_nothing_and_each_change_is_logged_once() {
+        let log = test_log::capture();
+        let stub = Stub::default();
+        stub.starts([
+            refuse("a=false", 7),
+            refuse("a=false", 7),
+            refuse("b=true", 7),
+            ALLOW,
+            ALLOW,
+            refuse("a=false", 7),
+        ]);
+        let (mut reaper, lines) = reaper(&stub);
+        let cancel = CancellationToken::new();
+
+        let gated = reaper.reap_once(&cancel).await.unwrap();
+        assert_eq!(
+            gated,
+            ReapOutcome {
+                stale: 7,
+                refused: Some("a=false".into()),
+                ..ReapOutcome::default()
+            },
+            "the gauge comes with the refusal"
+        );
+        assert_eq!(stub.calls(), ["gates"], "one call, no apply");
+        for _ in 0..5 {
+            reaper.reap_once(&cancel).await.unwrap();
+        }
+
+        assert_eq!(
+            stub.calls(),
+            [
+                "gates", "gates", "gates", "apply", "stale", "gates", "apply", "stale", "gates"
+            ]
+        );
+        assert_eq!(reasons(&log), ["a=false", "b=true", "a=false"]);
+        assert_eq!(log.events("job_reaper_armed").len(), 1);
+        assert!(lines.lines().is_empty());
+    }
+
+    #[tokio::test]
+    async fn gates_closing_mid_pass_stop_the_batches_and_the_gauge_is_read() {
+        let log = test_log::capture();
+        let stub = Stub::default();
+        stub.applies([Apply::Reap(JOB_BATCH_SIZE, 0), Apply::Refuse("c=false")]);
+        let (mut reaper, lines) = reaper(&stub);
+
+        let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(
+            outcome,
+            ReapOutcome {
+                reset: JOB_BATCH_SIZE as u64,
+                stale: STALE_AFTER_APPLY,
+                refused: Some("c=false".into()),
+                ..ReapOutcome::default()
+            }
+        );
+        assert_eq!(stub.calls(), ["gates", "apply", "apply", "stale"]);
+        assert_eq!(lines.lines().len(), JOB_BATCH_SIZE);
+        assert_eq!(log.events("job_reaper_armed").len(), 1);
+        assert_eq!(reasons(&log), ["c=false"]);
+    }
+
+    #[tokio::test]
+    async fn full_batches_are_followed_by_more_until_a_short_one() {
+        let stub = Stub::default();
+        stub.applies([
+            Apply::Reap(JOB_BATCH_SIZE - 1, 1),
+            Apply::Reap(JOB_BATCH_SIZE, 0),
+            Apply::Reap(2, 1),
+            Apply::Reap(50, 0),
+        ]);
+        let (mut reaper, lines) = reaper(&stub);
+
+        let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(
+            (outcome.reset, outcome.dead_lettered, outcome.stale),
+            (2 * JOB_BATCH_SIZE as u64 + 1, 2, STALE_AFTER_APPLY)
+        );
+        assert_eq!(stub.calls(), ["gates", "apply", "apply", "apply", "stale"]);
+        let lines = lines.lines();
+        assert_eq!(lines.len(), 2 * JOB_BATCH_SIZE + 3);
+        assert!(
+            lines[0].contains(" message=job_lease_expired jobId=j0 ")
+                && lines[0].ends_with(" action=reset_to_retry_waiting backoffSec=2 backend=stub"),
+            "{}",
+            lines[0]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_mid_drain_stops_between_batches() {
+        let token = CancellationToken::new();
+        let stub = Stub::default();
+        stub.applies([
+            Apply::ReapThenCancel(JOB_BATCH_SIZE, token.clone()),
+            Apply::Reap(JOB_BATCH_SIZE, 0),
+        ]);
+        let (mut reaper, lines) = reaper(&stub);
+
+        let outcome = reaper.reap_once(&token).await.unwrap();
+
+        assert!(outcome.interrupted);
+        assert_eq!(outcome.reset, JOB_BATCH_SIZE as u64);
+        assert_eq!(
+            stub.calls(),
+            ["gates", "apply"],
+            "no second batch, no gauge"
+        );
+        assert_eq!(lines.lines().len(), JOB_BATCH_SIZE);
+    }
+
+    #[tokio::test]
+    async fn abandoned_hand_offs_are_reported_first_even_while_the_gates_refuse() {
+        let stub = Stub::default();
+        stub.starts([PassStart {
+            abandoned: true,
+            ..refuse("a=false", 0)
+        }]);
+        stub.abandoned.lock().unwrap().extend([(2, 1), (1, 0)]);
+        let (mut reaper, lines) = reaper(&stub);
+
+        let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!((outcome.reset, outcome.dead_lettered), (3, 1));
+        assert_eq!(outcome.refused.as_deref(), Some("a=false"));
+        assert_eq!(stub.calls(), ["gates", "recover", "recover", "recover"]);
+        let lines = lines.lines();
+        assert_eq!(lines.len(), 4);
+        assert!(lines[2].contains(" action=moved_to_dead_letter deadLetterId=d2 "));
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_log_fails_the_batch_instead_of_losing_lines() {
+        struct Broken;
+        impl std::io::Write for Broken {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let stub = Stub::default();
+        stub.applies([Apply::Reap(3, 0)]);
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let events = EventLog::to_writer(Box::new(Broken));
+        let mut reaper = JobReaper::new(stub.clone(), events, metrics, "tester".into());
+
+        let err = reaper
+            .reap_once(&CancellationToken::new())
+            .await
+            .unwrap_err();
+
+        assert!(matches!(err, StoreError::Report { .. }), "{err}");
+        assert_eq!(stub.calls(), ["gates", "apply"]);
+    }
+
+    #[tokio::test]
+    async fn failed_passes_are_counted_as_reaps_by_the_loop() {
+        let log = test_log::capture();
+        let stub = Stub::default();
+        *stub.down_for.lock().unwrap() = 2;
+        let (reaper, _lines) = reaper(&stub);
+        let token = CancellationToken::new();
+        let metrics = Metrics::new(StatsdTarget {
+            host: "127.0.0.1".into(),
+            port: 9,
+        });
+        let beat = crate::progress::Progress::new(1).beat(0);
+        let task = tokio::spawn(crate::sweep::run(reaper, metrics, beat, token.clone()));
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while log.events("job_reap_recovered").is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never recovered");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        token.cancel();
+        task.await.unwrap();
+
+        let failed = log.events("job_reap_failed");
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!(failed[0]["failedReaps"], "1");
+        assert_eq!(log.events("job_reap_recovered")[0]["failedReaps"], "2");
+    }
 }

@@ -1,13 +1,8 @@
-//! The lock sweeper: one pass reaps expired lock leases and recorded
-//! takeovers, batch by batch, and reports the held-lease gauge.
-//!
-//! Owns the lock-expiry signal's pass: each batch's `lease_expired` lines go
-//! out (through `output::events`) before its last record is gone, and its
-//! `lock.lease.expired` count is flushed with it, so a long drain never holds
-//! committed counts; and the batch size, smaller while lock-server calls
-//! wait on the sweep. It returns counts and leaves timing, shutdown and
-//! error logging to `sweep::run`. It knows no SQL and no backend: it talks
-//! to a `LockStore`.
+//! The lock sweeper: a pass reaps expired leases, then recorded takeovers,
+//! batch by batch through a `LockStore`'s stages, and sets the held-lease
+//! gauge. Owns each batch's `lease_expired` lines and counts, sent with the
+//! batch, and the batch size, smaller while lock-server calls wait. Not
+//! timing or error logging (`sweep::run`) nor any SQL (the store).
 
 use std::time::Duration;
 
@@ -18,8 +13,8 @@ use tracing::info;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
-use crate::store::{LockStore, StoreError};
-use crate::sweep::{Drain, Outcome, SWEEP_DELAY, Service};
+use crate::store::{ExpiryStage, LockStore, StoreError, TakeoverStage};
+use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
 /// the sweep. Bounds the row locks a sweeper holds, the lines buffered
@@ -80,6 +75,13 @@ pub struct SweepOutcome {
     pub interrupted: bool,
 }
 
+impl SweepOutcome {
+    /// Leases reported so far, however they were reaped.
+    fn reported(&self) -> u64 {
+        self.swept + self.taken_over
+    }
+}
+
 impl Outcome for SweepOutcome {
     fn log_done(&self) {
         tracing::debug!(
@@ -123,67 +125,91 @@ impl<S: LockStore> LockSweeper<S> {
     ) -> Result<SweepOutcome, StoreError> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
-        for takeovers in [false, true] {
-            let mut drain = Drain::new(BATCH_SIZE);
-            while drain.go_on(cancel) {
-                let before = outcome.swept + outcome.taken_over;
-                let (events, metrics) = (&mut self.events, &self.metrics);
-                // Counted as written: a batch whose lines another sweeper
-                // wrote (it recovered the hand-off first) counts there.
-                let (swept, taken_over) = (&mut outcome.swept, &mut outcome.taken_over);
-                let mut report = |leases: &[ExpiredLease]| {
-                    events.lease_expired(backend, leases)?;
-                    metrics.lease_overdue(backend, leases);
-                    for lease in leases {
-                        match lease.reaped_by {
-                            ReapedBy::Sweep => *swept += 1,
-                            ReapedBy::Takeover => *taken_over += 1,
-                        }
-                    }
-                    Ok(())
-                };
-                let n = if takeovers {
-                    self.store.drain_takeovers(BATCH_SIZE, &mut report).await?
-                } else {
-                    // Outbox drains hold no lease a lock-server call could
-                    // wait on; reaps take smaller batches while calls do.
-                    let limit = self.batch.limit(Instant::now());
-                    drain.limit_to(limit);
-                    let reaped = self.store.reap_expired(limit, &mut report).await?;
-                    self.batch.saw(reaped.waiters, Instant::now());
-                    reaped.n
-                };
-                drain.took(n);
-                let reported = outcome.swept + outcome.taken_over - before;
-                if reported > 0 {
-                    self.metrics.lease_expired(backend, reported);
-                    // A long drain must not hold committed counts until it
-                    // ends (a crash would lose them): send them with their batch.
-                    self.metrics.flush().await;
-                }
-            }
-            outcome.batches += drain.batches;
-            if drain.interrupted {
-                outcome.interrupted = true;
-                return Ok(outcome);
-            }
+        let mut expired = self.store.begin_sweep().await?;
+        let mut drain = Drain::new(BATCH_SIZE);
+        while drain.go_on(cancel) {
+            // Reaps take smaller batches while lock-server calls wait on them.
+            let limit = self.batch.limit(Instant::now());
+            drain.limit_to(limit);
+            let before = outcome.reported();
+            let reaped = {
+                let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                expired.reap_expired(limit, &mut report).await?
+            };
+            self.batch.saw(reaped.waiters, Instant::now());
+            drain.took(reaped.n);
+            send_counts(&self.metrics, backend, outcome.reported() - before).await;
+        }
+        outcome.batches += drain.batches;
+        if drain.interrupted {
+            outcome.interrupted = true;
+            return Ok(outcome);
+        }
+        // Outbox drains hold no lease a lock-server call could wait on.
+        let mut takeovers = expired.into_takeovers();
+        let mut drain = Drain::new(BATCH_SIZE);
+        while drain.go_on(cancel) {
+            let before = outcome.reported();
+            let n = {
+                let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
+            };
+            drain.took(n);
+            send_counts(&self.metrics, backend, outcome.reported() - before).await;
+        }
+        outcome.batches += drain.batches;
+        if drain.interrupted {
+            outcome.interrupted = true;
+            return Ok(outcome);
         }
         // The store's count is shared by the fleet and already lowered by
         // this sweep's deletions (PgLockStore: by the database, in the same
         // read); one cheap read per sweep, one recount per interval for all
         // replicas together.
-        let held = self.store.held_count().await?;
+        let held = takeovers.held_count().await?;
         self.metrics.held_current(backend, held.max(0) as u64);
         outcome.held = Some(held);
         Ok(outcome)
     }
 }
 
+/// Writes a batch's `lease_expired` lines and counts them as written: a
+/// batch whose lines another sweeper wrote (it recovered the hand-off
+/// first) counts there.
+fn reporter<'a>(
+    events: &'a mut EventLog,
+    metrics: &'a Metrics,
+    backend: &'static str,
+    outcome: &'a mut SweepOutcome,
+) -> impl FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send + 'a {
+    move |leases| {
+        events.lease_expired(backend, leases)?;
+        metrics.lease_overdue(backend, leases);
+        for lease in leases {
+            match lease.reaped_by {
+                ReapedBy::Sweep => outcome.swept += 1,
+                ReapedBy::Takeover => outcome.taken_over += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counts a batch's reported leases and sends them at once: a long drain
+/// must not hold committed counts until it ends (a crash would lose them).
+async fn send_counts(metrics: &Metrics, backend: &'static str, reported: u64) {
+    if reported > 0 {
+        metrics.lease_expired(backend, reported);
+        metrics.flush().await;
+    }
+}
+
 impl<S: LockStore> Service for LockSweeper<S> {
     type Outcome = SweepOutcome;
+    const SERVICE: &'static str = "lock_sweeper";
     const NAME: &'static str = "sweeper";
     const WORK: &'static str = "sweep";
-    const SERVICE: &'static str = "lock_sweeper";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Sweeps;
 
     fn log_started(&self) {
         info!(
@@ -224,9 +250,14 @@ mod tests {
     #[derive(Clone, Default)]
     struct Stub {
         script: Arc<Mutex<VecDeque<Step>>>,
-        reap_calls: Arc<Mutex<u32>>,
+        /// What each `drain_takeovers` call reports, in order (then 0).
+        takeovers: Arc<Mutex<VecDeque<usize>>>,
+        /// Every stage call, in order: `begin`, `reap`, `drain`, `held`.
+        calls: Arc<Mutex<Vec<&'static str>>>,
         /// The limit of every `reap_expired` call, in order.
         limits: Arc<Mutex<Vec<usize>>>,
+        /// Fired by the next `drain_takeovers` (a signal mid-drain).
+        cancel_on_drain: Arc<Mutex<Option<CancellationToken>>>,
     }
 
     impl Stub {
@@ -236,12 +267,19 @@ mod tests {
                 ..Self::default()
             }
         }
-        fn calls(&self) -> u32 {
-            *self.reap_calls.lock().unwrap()
+        fn called(&self, call: &'static str) {
+            self.calls.lock().unwrap().push(call);
+        }
+        fn calls(&self) -> Vec<&'static str> {
+            self.calls.lock().unwrap().clone()
+        }
+        /// How many `reap_expired` calls there were.
+        fn reaps(&self) -> usize {
+            self.calls().iter().filter(|c| **c == "reap").count()
         }
     }
 
-    fn leases(n: usize) -> Vec<ExpiredLease> {
+    fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
         (0..n)
             .map(|i| ExpiredLease {
                 lock_key: format!("k{i}"),
@@ -249,22 +287,33 @@ mod tests {
                 token: i as i64,
                 expired_at_millis: 0,
                 overdue_millis: 5,
-                reaped_by: ReapedBy::Sweep,
+                reaped_by,
             })
             .collect()
     }
 
     impl LockStore for Stub {
+        type Sweep<'s> = Stub;
+
         fn backend_id(&self) -> &'static str {
             "stub"
         }
+
+        async fn begin_sweep(&mut self) -> Result<Stub, StoreError> {
+            self.called("begin");
+            Ok(self.clone())
+        }
+    }
+
+    impl ExpiryStage for Stub {
+        type Takeovers = Stub;
 
         async fn reap_expired(
             &mut self,
             limit: usize,
             report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
         ) -> Result<Reaped, StoreError> {
-            *self.reap_calls.lock().unwrap() += 1;
+            self.called("reap");
             self.limits.lock().unwrap().push(limit);
             let step = self
                 .script
@@ -289,22 +338,39 @@ mod tests {
                 }
             };
             assert!(n <= limit);
-            report(&leases(n)).map_err(|source| StoreError::Report {
+            report(&leases(n, ReapedBy::Sweep)).map_err(|source| StoreError::Report {
                 work: Work::LockLeases,
                 source,
             })?;
             Ok(Reaped { n, waiters })
         }
 
+        fn into_takeovers(self) -> Stub {
+            self
+        }
+    }
+
+    impl TakeoverStage for Stub {
         async fn drain_takeovers(
             &mut self,
-            _limit: usize,
-            _report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+            limit: usize,
+            report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
         ) -> Result<usize, StoreError> {
-            Ok(0)
+            self.called("drain");
+            let n = self.takeovers.lock().unwrap().pop_front().unwrap_or(0);
+            if let Some(token) = self.cancel_on_drain.lock().unwrap().take() {
+                token.cancel();
+            }
+            assert!(n <= limit);
+            report(&leases(n, ReapedBy::Takeover)).map_err(|source| StoreError::Report {
+                work: Work::LockLeases,
+                source,
+            })?;
+            Ok(n)
         }
 
-        async fn held_count(&mut self) -> Result<i64, StoreError> {
+        async fn held_count(self) -> Result<i64, StoreError> {
+            self.called("held");
             Ok(3)
         }
     }
@@ -334,8 +400,49 @@ mod tests {
         assert_eq!(outcome.swept, 2 * BATCH_SIZE as u64 + 3);
         assert_eq!(outcome.batches, 3);
         assert_eq!(outcome.held, Some(3));
-        assert_eq!(stub.calls(), 3, "a short batch ends the drain");
+        assert_eq!(stub.reaps(), 3, "a short batch ends the drain");
         assert_eq!(lines.lines().len(), 2 * BATCH_SIZE + 3);
+    }
+
+    #[tokio::test]
+    async fn takeovers_drain_after_expiries_then_the_gauge() {
+        let stub = Stub::new(vec![Step::Reap(2)]);
+        *stub.takeovers.lock().unwrap() = vec![BATCH_SIZE, 4, 9].into();
+        let (mut sweeper, lines) = sweeper(&stub);
+
+        let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(stub.calls(), ["begin", "reap", "drain", "drain", "held"]);
+        assert_eq!(
+            (outcome.swept, outcome.taken_over, outcome.batches),
+            (2, BATCH_SIZE as u64 + 4, 3)
+        );
+        let takeover_lines = lines
+            .lines()
+            .iter()
+            .filter(|l| l.contains("reapedBy=takeover"))
+            .count();
+        assert_eq!(takeover_lines, BATCH_SIZE + 4);
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_sweep_skips_the_gauge_and_the_next_begins_anew() {
+        let token = CancellationToken::new();
+        let stub = Stub::new(vec![Step::Reap(1)]);
+        *stub.takeovers.lock().unwrap() = vec![BATCH_SIZE].into();
+        *stub.cancel_on_drain.lock().unwrap() = Some(token.clone());
+        let (mut sweeper, _lines) = sweeper(&stub);
+
+        // The first drain is full; the cancel lands before the second.
+        let first = sweeper.sweep_once(&token).await.unwrap();
+        assert!(first.interrupted);
+        assert_eq!(first.held, None);
+        sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(
+            stub.calls(),
+            ["begin", "reap", "drain", "begin", "reap", "drain", "held"]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -388,7 +495,7 @@ mod tests {
         let outcome = sweeper.sweep_once(&token).await.unwrap();
 
         assert!(outcome.interrupted);
-        assert_eq!((outcome.swept, stub.calls()), (BATCH_SIZE as u64, 1));
+        assert_eq!((outcome.swept, stub.reaps()), (BATCH_SIZE as u64, 1));
         assert_eq!(
             lines.lines().len(),
             BATCH_SIZE,
@@ -419,7 +526,7 @@ mod tests {
         token.cancel();
         task.await.unwrap();
 
-        assert!(stub.calls() >= 2);
+        assert!(stub.reaps() >= 2);
         assert_eq!(lines.lines().len(), 2);
     }
 

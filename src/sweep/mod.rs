@@ -1,21 +1,11 @@
-//! The maintenance services and the one loop that runs each of them.
-//!
-//! A service (`lock_sweeper::LockSweeper`, `job_reaper::JobReaper`,
-//! `horizon::HorizonCheck`) knows how
-//! to do one pass and returns what it did; `run` owns everything about time
-//! for all of them: the fixed delay, shutdown, the drain grace, logging a
-//! failed pass once (then every `ERROR_REPEAT`) and its recovery, recording
-//! each pass's health metrics, flushing StatsD and beating `progress`. Each
-//! service runs in its own loop on its own connection, as River's
-//! maintenance services do, so a slow or failing job reaper never delays a
-//! lock sweep, nor the reverse. `Drain` is the
-//! shared rule for a pass that works batch by batch.
-//!
-//! This layer knows no SQL: the lock sweeper talks to a `LockStore`, the job
-//! reaper to `pg::job_queue`. It does not install signal handlers (`shutdown`)
-//! or speak to systemd (`notify`).
+//! The maintenance services (`lock_sweeper`, `job_reaper`, `horizon_check`)
+//! and the one loop, `run`, that runs each in its own task on its own
+//! connection, so none delays another. A service does one pass; `run` owns
+//! time (the delay, shutdown, the drain grace), failure lines, health
+//! metrics, StatsD flushes and `progress`; `Drain` is the batch-by-batch
+//! rule. No SQL (`store`'s seams), no signals (`shutdown`), no systemd (`notify`).
 
-pub mod horizon;
+pub mod horizon_check;
 pub mod job_reaper;
 pub mod lock_sweeper;
 
@@ -52,19 +42,27 @@ pub trait Outcome: Debug + Send {
 }
 
 /// One maintenance service: a pass, and the names its loop logs under.
+///
+/// A service has one name in the code, `SERVICE` (its module and type say
+/// the same). `NAME` and `WORK` are the prefixes of its events as they
+/// shipped, and log queries read them: the lock sweeper's lifecycle events
+/// say `sweeper` and its failures `sweep`.
 pub trait Service: Send {
     /// What a pass did; logged at DEBUG by the loop.
     type Outcome: Outcome;
 
-    /// The service's own events: `<name>_started`, `<name>_stopped`.
+    /// The service's name, and the `service` label of its health series
+    /// (`lock_sweeper`, `job_reaper`, `horizon_check`).
+    const SERVICE: &'static str;
+    /// Its lifecycle events: `<name>_started`, `<name>_stopped`.
     const NAME: &'static str;
     /// Its failure events: `<work>_failed`, `<work>_recovered`,
     /// `<work>_abandoned_at_shutdown`.
     const WORK: &'static str;
-    /// The `service` label of its health series (`lock_sweeper`, `job_reaper`).
-    const SERVICE: &'static str;
+    /// The field of its failure events that counts its failed passes.
+    const FAILED_PASSES: FailedPasses;
     /// The pause between its passes; `SWEEP_DELAY` unless the service says
-    /// otherwise (the horizon check: `horizon::HORIZON_DELAY`).
+    /// otherwise (the horizon check: `horizon_check::HORIZON_DELAY`).
     const DELAY: Duration = SWEEP_DELAY;
 
     /// Logs the service's settings once, when its loop starts.
@@ -88,7 +86,7 @@ pub async fn run<S: Service>(
 ) {
     service.log_started();
     metrics.service_started(S::SERVICE);
-    let mut errors = ErrorLog::new(S::WORK);
+    let mut errors = ErrorLog::new(S::WORK, S::FAILED_PASSES);
     loop {
         let abandon = async {
             shutdown.cancelled().await;
@@ -180,11 +178,24 @@ impl Drain {
     }
 }
 
+/// The field of a service's `<work>_failed` and `<work>_recovered` lines
+/// that counts its failed passes, named for its pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedPasses {
+    /// `failedSweeps`: the lock sweeper's.
+    Sweeps,
+    /// `failedReaps`: the job reaper's.
+    Reaps,
+    /// `failedChecks`: the horizon check's.
+    Checks,
+}
+
 /// Logs a persistent error once, again every `ERROR_REPEAT`, and once more
 /// when it clears: a database that is down must not flood the log.
 struct ErrorLog {
     /// The events are `<work>_failed` / `<work>_recovered`.
     work: &'static str,
+    passes: FailedPasses,
     current: Option<String>,
     since: Option<Instant>,
     last_logged: Option<Instant>,
@@ -192,9 +203,10 @@ struct ErrorLog {
 }
 
 impl ErrorLog {
-    fn new(work: &'static str) -> Self {
+    fn new(work: &'static str, passes: FailedPasses) -> Self {
         Self {
             work,
+            passes,
             current: None,
             since: None,
             last_logged: None,
@@ -211,7 +223,17 @@ impl ErrorLog {
             .last_logged
             .is_none_or(|t| now.duration_since(t) >= ERROR_REPEAT);
         if changed || due {
-            error!(error = %message, failedSweeps = self.failures, "{}_failed", self.work);
+            let (work, n) = (self.work, self.failures);
+            // A field's name is fixed where it is logged: one line per name.
+            match self.passes {
+                FailedPasses::Sweeps => {
+                    error!(error = %message, failedSweeps = n, "{}_failed", work);
+                }
+                FailedPasses::Reaps => error!(error = %message, failedReaps = n, "{}_failed", work),
+                FailedPasses::Checks => {
+                    error!(error = %message, failedChecks = n, "{}_failed", work);
+                }
+            }
             self.last_logged = Some(now);
         }
         self.since.get_or_insert(now);
@@ -224,13 +246,65 @@ impl ErrorLog {
                 .since
                 .map(|t| t.elapsed().as_millis() as u64)
                 .unwrap_or(0);
-            info!(
-                failedSweeps = self.failures,
-                downMillis = down,
-                "{}_recovered",
-                self.work
-            );
+            let (work, n) = (self.work, self.failures);
+            match self.passes {
+                FailedPasses::Sweeps => {
+                    info!(failedSweeps = n, downMillis = down, "{}_recovered", work);
+                }
+                FailedPasses::Reaps => {
+                    info!(failedReaps = n, downMillis = down, "{}_recovered", work);
+                }
+                FailedPasses::Checks => {
+                    info!(failedChecks = n, downMillis = down, "{}_recovered", work);
+                }
+            }
         }
-        *self = Self::new(self.work);
+        *self = Self::new(self.work, self.passes);
+    }
+}
+
+#[cfg(test)]
+mod test_log;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Work;
+
+    fn down() -> StoreError {
+        StoreError::Query {
+            work: Work::JobQueue,
+            query: "q",
+            cause: "down".into(),
+            source: None,
+        }
+    }
+
+    #[test]
+    fn failure_lines_count_the_passes_by_their_own_name() {
+        for (passes, field) in [
+            (FailedPasses::Sweeps, "failedSweeps"),
+            (FailedPasses::Reaps, "failedReaps"),
+            (FailedPasses::Checks, "failedChecks"),
+        ] {
+            let log = test_log::capture();
+            let mut errors = ErrorLog::new("pass", passes);
+
+            for _ in 0..3 {
+                errors.failed(&down());
+            }
+            errors.succeeded();
+
+            let failed = log.events("pass_failed");
+            assert_eq!(failed.len(), 1, "a persistent error is logged once");
+            assert_eq!(failed[0][field], "1");
+            let recovered = log.events("pass_recovered");
+            assert_eq!(recovered.len(), 1);
+            assert_eq!(recovered[0][field], "3");
+            let others = ["failedSweeps", "failedReaps", "failedChecks"];
+            for other in others.into_iter().filter(|o| *o != field) {
+                assert!(!failed[0].contains_key(other) && !recovered[0].contains_key(other));
+            }
+        }
     }
 }

@@ -1,19 +1,15 @@
 //! `gates` and `jobs` print aligned tables for people and, with `--json`,
 //! the SQL functions' JSON unchanged for scripts.
 
-use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg, OutputArgs};
-use lease_sweeper::testing::jobs::{Format, run_gates_as, run_jobs_as};
+use lease_sweeper::cli::{GatesCommand, JobsCommand, LimitArg};
+use lease_sweeper::testing::jobs::{Format, run_gates, run_jobs};
 
 use crate::jobs_support::dry_run;
 use crate::support::{SUBSTRATE, TestDb, insert_stale_jobs, set_setting};
 
 async fn print_gates(db: &TestDb, format: Format) -> String {
     let mut out = Vec::new();
-    let args = GatesArgs {
-        command: None,
-        output: OutputArgs::default(),
-    };
-    run_gates_as(&db.target(), args, &mut out, format)
+    run_gates(&db.target(), None, &mut out, format)
         .await
         .unwrap();
     String::from_utf8(out).unwrap()
@@ -71,7 +67,7 @@ async fn a_refused_apply_names_the_command_that_opens_its_gate() {
             actor: "ops".into(),
             limit: LimitArg { limit: 10 },
         };
-        let code = run_jobs_as(&db.target(), apply, &mut out, Format::Table)
+        let code = run_jobs(&db.target(), apply, &mut out, Format::Table)
             .await
             .unwrap();
         let text = String::from_utf8(out).unwrap();
@@ -97,16 +93,13 @@ async fn a_refused_apply_names_the_command_that_opens_its_gate() {
         else {
             panic!("not a gates set command: {advice}");
         };
-        let set = GatesArgs {
-            command: Some(GatesCommand::Set {
-                key: key.into(),
-                value: value.into(),
-                actor: "ops".into(),
-            }),
-            output: OutputArgs::default(),
+        let set = GatesCommand::Set {
+            key: key.into(),
+            value: value.into(),
+            actor: "ops".into(),
         };
         let mut ignored = Vec::new();
-        run_gates_as(&db.target(), set, &mut ignored, Format::Table)
+        run_gates(&db.target(), Some(set), &mut ignored, Format::Table)
             .await
             .unwrap();
         assert!(refusals.len() <= 3, "{refusals:?}");
@@ -130,7 +123,7 @@ async fn dry_run_table_has_one_row_per_job_with_its_would_be_action_and_hostile_
 
     let mut out = Vec::new();
     let cmd = JobsCommand::DryRun(LimitArg { limit: 10 });
-    let code = run_jobs_as(&db.target(), cmd, &mut out, Format::Table)
+    let code = run_jobs(&db.target(), cmd, &mut out, Format::Table)
         .await
         .unwrap();
     let table = String::from_utf8(out).unwrap();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
-use lease_sweeper::testing::store::LockStore;
+use lease_sweeper::testing::store::{ExpiryStage, LockStore};
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -250,7 +250,8 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
         async move {
             let mut store = PgLockStore::new(target);
             let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
-            store.reap_expired(BATCH_SIZE, &mut report).await
+            let mut sweep = store.begin_sweep().await?;
+            sweep.reap_expired(BATCH_SIZE, &mut report).await
         }
     });
     poll(Duration::from_secs(20), "the reap to stop", async || {
@@ -299,6 +300,7 @@ async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
     insert_expired(&mut conn, "quiet-", 10, 5_000).await;
     let mut store = PgLockStore::new(db.target());
     let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
-    let quiet = store.reap_expired(BATCH_SIZE, &mut report).await.unwrap();
+    let mut sweep = store.begin_sweep().await.unwrap();
+    let quiet = sweep.reap_expired(BATCH_SIZE, &mut report).await.unwrap();
     assert_eq!((quiet.n, quiet.waiters), (10, 0));
 }

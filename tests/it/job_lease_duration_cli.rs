@@ -7,8 +7,8 @@
 
 use std::process::ExitCode;
 
-use lease_sweeper::cli::{LeasesArgs, LeasesCommand, OutputArgs};
-use lease_sweeper::testing::jobs::{Format, run_leases_as};
+use lease_sweeper::cli::LeasesCommand;
+use lease_sweeper::testing::jobs::{Format, run_leases};
 use serde_json::{Value, json};
 
 use crate::jobs_support::kind_snapshot;
@@ -17,11 +17,7 @@ use crate::support::{TestDb, run_binary};
 /// `leases …` in process: exit code and what was printed.
 async fn leases(db: &TestDb, command: Option<LeasesCommand>, format: Format) -> (ExitCode, String) {
     let mut out = Vec::new();
-    let args = LeasesArgs {
-        command,
-        output: OutputArgs::default(),
-    };
-    let code = run_leases_as(&db.target(), args, &mut out, format)
+    let code = run_leases(&db.target(), command, &mut out, format)
         .await
         .expect("the command runs");
     (code, String::from_utf8(out).unwrap())

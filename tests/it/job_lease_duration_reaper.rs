@@ -128,7 +128,7 @@ async fn the_dry_run_reports_what_each_stale_job_was_given_and_where_it_came_fro
     // The table's LEASE column says the same.
     let mut text = Vec::new();
     let cmd = lease_sweeper::cli::JobsCommand::DryRun(lease_sweeper::cli::LimitArg { limit: 10 });
-    lease_sweeper::testing::jobs::run_jobs_as(&db.target(), cmd, &mut text, Format::Table)
+    lease_sweeper::testing::jobs::run_jobs(&db.target(), cmd, &mut text, Format::Table)
         .await
         .unwrap();
     let table = String::from_utf8(text).unwrap();

@@ -4,8 +4,8 @@
 
 use std::process::ExitCode;
 
-use lease_sweeper::cli::{GatesArgs, GatesCommand, JobsCommand, LimitArg};
-use lease_sweeper::testing::jobs::{run_gates, run_jobs};
+use lease_sweeper::cli::{GatesCommand, JobsCommand, LimitArg};
+use lease_sweeper::testing::jobs::{Format, run_gates, run_jobs};
 use serde_json::{Value, json};
 
 use crate::jobs_support::refusal;
@@ -13,7 +13,7 @@ use crate::support::{DRY_ONLY, REAPER, SUBSTRATE, TestDb, count, insert_stale_jo
 
 async fn cli_jobs(db: &TestDb, cmd: JobsCommand) -> (ExitCode, Value) {
     let mut out = Vec::new();
-    let code = run_jobs(&db.target(), cmd, &mut out, false)
+    let code = run_jobs(&db.target(), cmd, &mut out, Format::Json)
         .await
         .expect("the command runs");
     let text = String::from_utf8(out).unwrap();
@@ -27,17 +27,9 @@ async fn cli_jobs(db: &TestDb, cmd: JobsCommand) -> (ExitCode, Value) {
 
 async fn cli_gates(db: &TestDb, command: Option<GatesCommand>) -> (ExitCode, Value) {
     let mut out = Vec::new();
-    let code = run_gates(
-        &db.target(),
-        GatesArgs {
-            command,
-            output: Default::default(),
-        },
-        &mut out,
-        false,
-    )
-    .await
-    .expect("the command runs");
+    let code = run_gates(&db.target(), command, &mut out, Format::Json)
+        .await
+        .expect("the command runs");
     (
         code,
         serde_json::from_str(&String::from_utf8(out).unwrap()).unwrap(),
@@ -179,7 +171,7 @@ async fn cli_database_errors_never_carry_the_password() {
     .unwrap();
     let mut out = Vec::new();
 
-    let err = run_jobs(&target, cli_apply(), &mut out, false)
+    let err = run_jobs(&target, cli_apply(), &mut out, Format::Json)
         .await
         .unwrap_err();
 
@@ -299,10 +291,10 @@ async fn cli_prints_indented_json_for_a_terminal_and_the_same_value_on_one_line_
     let mut pretty = Vec::new();
     let mut plain = Vec::new();
 
-    run_jobs(&db.target(), dry(), &mut pretty, true)
+    run_jobs(&db.target(), dry(), &mut pretty, Format::PrettyJson)
         .await
         .unwrap();
-    run_jobs(&db.target(), dry(), &mut plain, false)
+    run_jobs(&db.target(), dry(), &mut plain, Format::Json)
         .await
         .unwrap();
 

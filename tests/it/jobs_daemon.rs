@@ -18,7 +18,7 @@ use crate::support::{
 
 /// A job reaper in process on `db`, its lines kept in memory and its
 /// metrics sent to `statsd`, as `sweep.rs` builds a lock sweeper.
-fn reaper(db: &TestDb, statsd: &StatsdCapture) -> (JobReaper, MemoryLog, Metrics) {
+fn reaper(db: &TestDb, statsd: &StatsdCapture) -> (JobReaper<PgJobQueue>, MemoryLog, Metrics) {
     let (log, lines) = EventLog::in_memory();
     let metrics = Metrics::new(statsd.target());
     let reaper = JobReaper::new(

@@ -1,13 +1,16 @@
 //! The idle probes sent alone with the simple query protocol, outside any
 //! explicit transaction (`conn::probe_row`): their answers decode from text,
 //! a gated job pass reads its refusal and its gauge in one statement, and the
-//! client-side bound ends a probe stuck behind a table lock. Through
-//! PgBouncer: `topology_pgbouncer`.
+//! client-side bound ends a probe stuck behind a table lock, the bound the
+//! guards every other transaction sets for itself alone. Through PgBouncer:
+//! `topology_pgbouncer`.
 
 use std::time::{Duration, Instant};
 
 use lease_sweeper::testing::conn::{self, PROBE_TIMEOUT};
-use lease_sweeper::testing::job_queue::{GATES_THEN_STALE, Gates, PgJobQueue, STALE_COUNT};
+use lease_sweeper::testing::job_queue::{
+    GATES_THEN_STALE, Gates, JobQueue, PgJobQueue, STALE_COUNT,
+};
 use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
 
 use crate::jobs_support::dry_run;
@@ -100,4 +103,31 @@ async fn a_probe_behind_a_table_lock_fails_at_its_bound_instead_of_waiting() {
     // Unblocked, a new connection answers at once.
     let mut conn = db.connect().await;
     assert!(locks::sweep_probe(&mut conn).await.is_ok());
+}
+
+/// What the probes go without: every other transaction sets the guards for
+/// itself alone (`SET LOCAL`: behind PgBouncer a session setting would stay
+/// on whichever server connection it reached), the statement guard the
+/// probes' client-side bound.
+#[tokio::test]
+async fn a_transactions_guards_hold_inside_it_and_end_with_it() {
+    const GUARDS: &str = "SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
+                                 (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')";
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let guards = async |c: &mut sqlx::PgConnection| {
+        sqlx::query_as::<_, (i64, i64)>(GUARDS).fetch_one(c).await
+    };
+    let before = guards(&mut conn).await.unwrap();
+
+    let (statement, idle) = conn::in_tx(&mut conn, guards).await.unwrap();
+
+    assert_eq!(statement, PROBE_TIMEOUT.as_millis() as i64);
+    assert!(idle > 0, "a transaction left idle is ended: {idle}");
+    assert_ne!((statement, idle), before);
+    assert_eq!(
+        guards(&mut conn).await.unwrap(),
+        before,
+        "gone with the transaction"
+    );
 }

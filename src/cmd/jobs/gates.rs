@@ -21,28 +21,18 @@ use super::common::*;
 pub async fn gates(args: GatesArgs) -> anyhow::Result<ExitCode> {
     let target = DbTarget::from_env()?;
     let format = Format::for_stdout(args.output.json);
-    run_gates_as(&target, args, &mut io::stdout(), format).await
-}
-
-/// `gates …` printing the JSON to `out`, indented when `pretty`.
-pub async fn run_gates(
-    target: &DbTarget,
-    args: GatesArgs,
-    out: &mut dyn Write,
-    pretty: bool,
-) -> anyhow::Result<ExitCode> {
-    run_gates_as(target, args, out, Format::json(pretty)).await
+    run_gates(&target, args.command, &mut io::stdout(), format).await
 }
 
 /// `gates …` against `target`, printing to `out` (the testable core).
-pub async fn run_gates_as(
+pub async fn run_gates(
     target: &DbTarget,
-    args: GatesArgs,
+    cmd: Option<GatesCommand>,
     out: &mut dyn Write,
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
-    let code = match args.command {
+    let code = match cmd {
         None => {
             let text = in_tx(&mut conn, async |c| q::show_gates(c).await)
                 .await

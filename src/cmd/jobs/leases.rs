@@ -22,18 +22,18 @@ use super::common::*;
 pub async fn leases(args: LeasesArgs) -> anyhow::Result<ExitCode> {
     let target = DbTarget::from_env()?;
     let format = Format::for_stdout(args.output.json);
-    run_leases_as(&target, args, &mut io::stdout(), format).await
+    run_leases(&target, args.command, &mut io::stdout(), format).await
 }
 
 /// `leases …` against `target`, printing to `out` (the testable core).
-pub async fn run_leases_as(
+pub async fn run_leases(
     target: &DbTarget,
-    args: LeasesArgs,
+    cmd: Option<LeasesCommand>,
     out: &mut dyn Write,
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
-    let (kind, seconds, actor) = match args.command {
+    let (kind, seconds, actor) = match cmd {
         None => {
             let text = in_tx(&mut conn, async |c| q::show_leases(c).await)
                 .await

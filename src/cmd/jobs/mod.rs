@@ -1,19 +1,10 @@
-//! `lease-sweeper jobs dry-run|apply`, `lease-sweeper gates [set]` and
-//! `lease-sweeper leases [set|clear]`: the operator's hands on the job
-//! reaper and on how long jobs lease for.
-//!
-//! Owns connecting for one command, calling the SQL function, printing the
-//! result on stdout (an aligned table for people; with `--json` the
-//! function's JSON unchanged, indented on a terminal and as the database
-//! wrote it (one line) otherwise, so scripts can pipe it to `jq`) and the
-//! exit status: 0 when the function did what was
-//! asked, 1 when it refused (apply with a gate closed, a limit out of range)
-//! or a setter rejected the change. It owns no reaping or lease rules and no
-//! SQL text (`pg::job_queue`); diagnostics go to stderr through `tracing`, and no
-//! database error text is printed without passing the target's redactor.
-//!
-//! One file per subcommand (`reap` for `jobs dry-run|apply`, `gates`, `leases`)
-//! over `common`.
+//! `jobs dry-run|apply`, `gates [set]` and `leases [set|clear]`: the
+//! operator's hands on the job reaper and on how long jobs lease for, one
+//! file per command over `common`. Each command has its edge (the
+//! environment, stdout) and one core, `run_<command>`, which prints a table
+//! or the SQL function's JSON unchanged and returns the exit status (1 for a
+//! refusal or a rejected change); a database error's text passes the
+//! target's redactor. No reaping rules and no SQL (`pg::job_queue`).
 
 mod common;
 mod gates;
@@ -21,6 +12,6 @@ mod leases;
 mod reap;
 
 pub use common::Format;
-pub use gates::{gates, run_gates, run_gates_as};
-pub use leases::{leases, run_leases_as};
-pub use reap::{jobs, run_jobs, run_jobs_as};
+pub use gates::{gates, run_gates};
+pub use leases::{leases, run_leases};
+pub use reap::{jobs, run_jobs};

@@ -22,21 +22,11 @@ use super::common::*;
 pub async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let target = DbTarget::from_env()?;
     let format = Format::for_stdout(args.output.json);
-    run_jobs_as(&target, args.command, &mut io::stdout(), format).await
-}
-
-/// `jobs …` printing the JSON to `out`, indented when `pretty`.
-pub async fn run_jobs(
-    target: &DbTarget,
-    cmd: JobsCommand,
-    out: &mut dyn Write,
-    pretty: bool,
-) -> anyhow::Result<ExitCode> {
-    run_jobs_as(target, cmd, out, Format::json(pretty)).await
+    run_jobs(&target, args.command, &mut io::stdout(), format).await
 }
 
 /// `jobs …` against `target`, printing to `out` (the testable core).
-pub async fn run_jobs_as(
+pub async fn run_jobs(
     target: &DbTarget,
     cmd: JobsCommand,
     out: &mut dyn Write,

@@ -1,17 +1,10 @@
-//! The horizon check: one pass asks what holds the database's xmin horizon
-//! and how many dead rows `lock_entry` and `job_queue` carry, names every
-//! holder that keeps dead rows of them in a WARN `xmin_horizon_held` line
-//! (again every `HELD_REPEAT` while the hold lasts), says INFO
-//! `xmin_horizon_released` when it ends, and sets the gauges
-//! `pg.xmin_horizon.age_seconds` and `pg.dead_rows.current`.
-//!
-//! Owns the rule "held": a holder whose horizon is at least `HOLD_AFTER`
-//! old, behind which at least one transaction id was spent, while either
-//! table has dead rows; its rate bound; and the words of both lines. It runs
-//! as its own service (its own loop, connection and `HORIZON_DELAY`), so it
-//! adds no statement to a sweep and its failures never fail one; timing,
-//! shutdown and error logging are `sweep::run`'s. The statements are
-//! `pg::horizon`'s.
+//! The horizon check: a pass asks who holds the xmin horizon and how many
+//! dead rows `lock_entry` and `job_queue` carry, names each holder that
+//! keeps dead rows (WARN `xmin_horizon_held`, again every `HELD_REPEAT`),
+//! says `xmin_horizon_released` when a hold ends, and sets the horizon
+//! gauges. Owns the rule "held" and the lines' words; runs on its own loop
+//! and connection, so it never fails or delays a sweep. Not the statements
+//! (`pg::horizon`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,7 +16,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::pg::horizon::{DeadRows, Holder, HolderKind, Horizon, HorizonSource};
 use crate::store::StoreError;
-use crate::sweep::{Outcome, Service};
+use crate::sweep::{FailedPasses, Outcome, Service};
 
 /// Pause between two checks. A held horizon is a matter of minutes (dead
 /// rows pile up at the sweep rate, not faster), so every 10 s is prompt, and
@@ -51,7 +44,7 @@ const JOB_QUEUE: &str = "job_queue";
 
 /// What one check found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct HorizonOutcome {
+pub struct CheckOutcome {
     /// Holders currently named as holding dead rows.
     pub held: usize,
     /// Lines written by this pass (held and released).
@@ -59,7 +52,7 @@ pub struct HorizonOutcome {
     pub dead: DeadRows,
 }
 
-impl Outcome for HorizonOutcome {
+impl Outcome for CheckOutcome {
     fn log_done(&self) {
         tracing::debug!(
             held = self.held,
@@ -131,7 +124,7 @@ impl<S: HorizonSource> HorizonCheck<S> {
     }
 
     /// One check at the time `now`.
-    pub async fn check_once(&mut self, now: Instant) -> Result<HorizonOutcome, StoreError> {
+    pub async fn check_once(&mut self, now: Instant) -> Result<CheckOutcome, StoreError> {
         let horizon = self.source.read().await?;
         if !horizon.reads_all_stats && !self.told_partial {
             warn!(
@@ -158,7 +151,7 @@ impl<S: HorizonSource> HorizonCheck<S> {
         // hold is named again after `HELD_REPEAT`.
         let _ = self.events.warn_lines(XMIN_HORIZON_HELD, step.held);
         let _ = self.events.info_lines(XMIN_HORIZON_RELEASED, step.released);
-        Ok(HorizonOutcome {
+        Ok(CheckOutcome {
             held: self.seen.values().filter(|s| s.warned.is_some()).count(),
             lines,
             dead: horizon.dead,
@@ -313,10 +306,11 @@ fn released_fields(
 }
 
 impl<S: HorizonSource> Service for HorizonCheck<S> {
-    type Outcome = HorizonOutcome;
+    type Outcome = CheckOutcome;
+    const SERVICE: &'static str = "horizon_check";
     const NAME: &'static str = "horizon_check";
     const WORK: &'static str = "horizon_check";
-    const SERVICE: &'static str = "horizon_check";
+    const FAILED_PASSES: FailedPasses = FailedPasses::Checks;
     const DELAY: Duration = HORIZON_DELAY;
 
     fn log_started(&self) {
@@ -328,7 +322,7 @@ impl<S: HorizonSource> Service for HorizonCheck<S> {
         );
     }
 
-    async fn pass(&mut self, _cancel: &CancellationToken) -> Result<HorizonOutcome, StoreError> {
+    async fn pass(&mut self, _cancel: &CancellationToken) -> Result<CheckOutcome, StoreError> {
         self.check_once(Instant::now()).await
     }
 }
