@@ -133,6 +133,8 @@ pub async fn run<S: Service>(
 pub struct Drain {
     limit: usize,
     more: bool,
+    /// The pause after a full batch, as a multiple of the time it took.
+    pace: u32,
     /// Batches that committed.
     pub batches: u64,
     /// The drain stopped early because shutdown was requested.
@@ -144,8 +146,29 @@ impl Drain {
         Self {
             limit,
             more: true,
+            pace: 0,
             batches: 0,
             interrupted: false,
+        }
+    }
+
+    /// A drain that pauses after each full batch for `pace` times as long
+    /// as the batch took, so a backlog takes at most 1 / (1 + `pace`) of a
+    /// database core and the workload beside it keeps the rest.
+    pub fn paced(limit: usize, pace: u32) -> Self {
+        Self {
+            pace,
+            ..Self::new(limit)
+        }
+    }
+
+    /// How long to wait before the next batch, given that the last one took
+    /// `took`: nothing when the drain is over or unpaced.
+    pub fn pause_after(&self, took: Duration) -> Duration {
+        if self.more {
+            took * self.pace
+        } else {
+            Duration::ZERO
         }
     }
 
@@ -306,5 +329,23 @@ mod tests {
                 assert!(!failed[0].contains_key(other) && !recovered[0].contains_key(other));
             }
         }
+    }
+
+    #[test]
+    fn a_paced_drain_pauses_as_long_as_a_full_batch_took_and_not_after_the_last() {
+        let took = Duration::from_millis(40);
+        let mut drain = Drain::paced(1_000, 1);
+        drain.took(1_000);
+        assert_eq!(drain.pause_after(took), took);
+        drain.took(999);
+        assert_eq!(
+            drain.pause_after(took),
+            Duration::ZERO,
+            "a short batch ends it"
+        );
+
+        let mut unpaced = Drain::new(1_000);
+        unpaced.took(1_000);
+        assert_eq!(unpaced.pause_after(took), Duration::ZERO);
     }
 }
