@@ -77,11 +77,15 @@ pub const MAX_HOLDERS: i64 = 8;
 /// Everything that holds back this database's xmin horizon, oldest first:
 /// sessions of this database with a snapshot (`backend_xmin`) or a
 /// transaction id (`backend_xid`); walsenders (a standby's
-/// hot_standby_feedback, which holds every database); replication slots
-/// with a data `xmin` (every database; `catalog_xmin` holds only the
-/// catalogs, not these tables); prepared transactions of this database.
-/// The check's own session is left out. `held_seconds` is the server's own
-/// clock (transaction start, time of PREPARE) when it has one and shows it.
+/// hot_standby_feedback without a slot, which holds every database: the
+/// walsender takes the standby's oldest snapshot as its own xmin);
+/// replication slots with a data `xmin` (every database; `catalog_xmin`
+/// holds only the catalogs, not these tables); prepared transactions of
+/// this database. The check's own session is left out. A walsender's state
+/// is its replication state (`streaming`, `catchup`, …), which says whether
+/// the standby is live, where its `pg_stat_activity` state reads `active`.
+/// `held_seconds` is the server's own clock (transaction start, time of
+/// PREPARE) when it has one and shows it.
 pub const HOLDERS: &str = "
 WITH walsender AS (SELECT pg_catalog.array_agg(r.pid) AS pids FROM pg_catalog.pg_stat_replication r),
      here AS (SELECT d.oid FROM pg_catalog.pg_database d
@@ -91,7 +95,8 @@ WITH walsender AS (SELECT pg_catalog.array_agg(r.pid) AS pids FROM pg_catalog.pg
            a.pid,
            a.application_name::text AS application_name,
            pg_catalog.host(a.client_addr) AS client_addr,
-           a.state::text AS state,
+           COALESCE((SELECT r.state FROM pg_catalog.pg_stat_replication r
+                      WHERE r.pid OPERATOR(pg_catalog.=) a.pid), a.state)::text AS state,
            a.backend_type::text AS backend_type,
            EXTRACT(EPOCH FROM pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) a.xact_start)::float8
                AS held_seconds,

@@ -1,9 +1,10 @@
 //! The horizon check names what holds the xmin horizon while the swept
 //! tables keep dead rows, once, and says once when the hold ends: a
 //! forgotten transaction, a prepared transaction, an abandoned replication
-//! slot; a hostile application_name or gid stays one escaped value; a role
-//! without pg_read_all_stats still names the holder and says what it cannot
-//! see; a check refused by the server says why once while sweeps go on.
+//! slot, a query on a standby that sends feedback without a slot; a
+//! hostile application_name or gid stays one escaped value; a role without
+//! pg_read_all_stats still names the holder and says what it cannot see; a
+//! check refused by the server says why once while sweeps go on.
 //! Real holders on a real server, the real binary.
 
 use std::collections::HashMap;
@@ -277,6 +278,110 @@ async fn an_abandoned_replication_slot_is_named_until_dropped() {
         ),
         ("replication_slot", SLOT)
     );
+    stop_and_count(&mut daemon, 1, 1).await;
+}
+
+#[tokio::test]
+async fn a_query_on_a_standby_with_feedback_and_no_slot_is_named_by_its_walsender() {
+    // A cluster of its own: a standby's feedback holds every database of it.
+    // The standby inherits hot_standby_feedback; `pg_basebackup -R` gives it
+    // no slot, so the primary keeps the feedback on the walsender alone.
+    let primary =
+        ThrowawayPg::start_tcp(free_port(), &[("hot_standby_feedback", "on")]).expect("a primary");
+    let url = primary.url("postgres");
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    lease_sweeper::testing::migrate::migrate(&mut conn)
+        .await
+        .unwrap();
+    let standby = ThrowawayPg::standby_of(&primary, free_port()).expect("a standby");
+    let mut query = PgConnection::connect(&standby.url("postgres"))
+        .await
+        .unwrap();
+    exec(
+        &mut query,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM lock_entry",
+    )
+    .await;
+    let snapshot_xmin: String =
+        sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+            .fetch_one(&mut query)
+            .await
+            .unwrap();
+    // The walsender takes the standby's oldest snapshot as its own xmin when
+    // the next feedback arrives (every wal_receiver_status_interval).
+    let (walsender, app, addr, state): (i32, String, String, String) = poll(
+        WAIT,
+        "the standby's query to reach the primary's walsender",
+        async || {
+            let row: Option<(i32, String, String, String, Option<String>)> = sqlx::query_as(
+                "SELECT pid, application_name, host(client_addr), state, backend_xmin::text \
+                   FROM pg_stat_replication",
+            )
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap();
+            match row {
+                Some((pid, app, addr, state, Some(xmin))) if xmin == snapshot_xmin => {
+                    Ok((pid, app, addr, state))
+                }
+                other => Err(format!("{other:?}, the query's xmin {snapshot_xmin}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        (app.as_str(), addr.as_str(), state.as_str()),
+        ("walreceiver", "127.0.0.1", "streaming")
+    );
+    let slots: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(slots, 0);
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&daemon_env(&url, &port));
+    sweep_leases(&mut conn, &daemon).await;
+
+    let held = wait_lines(&daemon, HELD, 1).await;
+    let f = &held[0];
+    let walsender = walsender.to_string();
+    for (k, v) in [
+        ("holder", "standby"),
+        ("pid", walsender.as_str()),
+        ("applicationName", app.as_str()),
+        ("clientAddr", addr.as_str()),
+        ("state", state.as_str()),
+        ("backendType", "walsender"),
+        ("ageFrom", "first_seen"),
+        ("slotName", ""),
+        ("gid", ""),
+        ("deadLockEntryRows", "50"),
+        ("deadJobQueueRows", "0"),
+    ] {
+        assert_eq!((k, f[k].as_str()), (k, v), "{f:?}");
+    }
+    assert!(seconds(f) >= 15, "{f:?}");
+    // Every acquire behind the hold spent a transaction id.
+    assert!(
+        f["xminAgeXids"].parse::<usize>().unwrap() >= LEASES,
+        "{f:?}"
+    );
+
+    exec(&mut query, "COMMIT").await;
+    let released = wait_lines(&daemon, RELEASED, 1).await;
+    let r = &released[0];
+    assert_eq!(
+        (
+            r["level"].as_str(),
+            r["holder"].as_str(),
+            r["pid"].as_str(),
+            r["slotName"].as_str()
+        ),
+        ("info", "standby", walsender.as_str(), "")
+    );
+    assert!(seconds(r) >= seconds(f), "{r:?}");
     stop_and_count(&mut daemon, 1, 1).await;
 }
 
