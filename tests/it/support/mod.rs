@@ -8,9 +8,10 @@
 
 //!
 //! One module per thing supported: `cluster` (the database), `roles`,
-//! `statsd`, `daemon` (the real binary) and `queue` (the gates); this file
-//! keeps what they all use: the one poll-until loop, temp dirs and tools.
-//! Everything is re-exported here, so tests name `crate::support::X`.
+//! `statsd`, `daemon` (the real binary), `queue` (the gates) and `bad_rows`
+//! (what both bad-row suites plant); this file keeps what they all use: the
+//! one poll-until loop, temp dirs and tools. Everything but `bad_rows` is
+//! re-exported here, so tests name `crate::support::X`.
 
 #![allow(dead_code)]
 
@@ -23,6 +24,8 @@ mod daemon;
 mod queue;
 mod roles;
 mod statsd;
+
+pub mod bad_rows;
 
 pub use cluster::*;
 pub use daemon::*;
