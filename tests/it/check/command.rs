@@ -1,7 +1,7 @@
 //! The real `lease-sweeper check` binary: exits 0 or 1 (2 for a
 //! configuration error), prints its list on stdout and no password, and its
 //! `--help` sample counts the migrations and checks it really runs. What the
-//! checks find is `check_schema` and `check_connection`.
+//! checks find is `check::schema` and `check::connection`.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use crate::check::support::{PASSWORD, with_credentials};
 use crate::support::{Daemon, StatsdCapture, TestDb, binary};
 
 #[tokio::test]
-async fn the_check_command_exits_0_or_1_prints_its_list_on_stdout_and_no_password() {
+async fn exit_codes_stdout_and_no_password() {
     let migrated = TestDb::new().await;
     let empty = TestDb::empty().await;
     let statsd = StatsdCapture::start().await;
@@ -87,7 +87,7 @@ async fn the_check_command_exits_0_or_1_prints_its_list_on_stdout_and_no_passwor
 /// of migrations and checks that do not exist. Both sides are the real
 /// binary's output.
 #[tokio::test]
-async fn the_check_help_sample_counts_what_check_runs() {
+async fn help_sample_counts_what_check_runs() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let run = |args: &'static [&'static str]| {
@@ -136,7 +136,7 @@ async fn the_check_help_sample_counts_what_check_runs() {
         "{verdict} vs {expected}:\n{report}"
     );
     let fix = "update the OUTPUT sample of CHECK_HELP in src/cli.rs (then refresh man/: \
-               LEASE_SWEEPER_WRITE_MAN=1 cargo test --test it man::)";
+               LEASE_SWEEPER_WRITE_MAN=1 cargo test --test it cli::man::)";
     assert!(
         help.contains(&format!("migrations: {migrations}\n")),
         "check prints `migrations: {migrations}`, its help does not; {fix}:\n{help}"

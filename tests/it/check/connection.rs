@@ -2,8 +2,8 @@
 //! ignores, gives up on a silent server within the target's own timeout and
 //! walks on to the next host, says which variable named its target (and
 //! plainly when nothing did), and never prints a password. What it finds in
-//! the database is `check_schema`; the command's exit status and help are
-//! `check_command`.
+//! the database is `check::schema`; the command's exit status and help are
+//! `check::command`.
 
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,7 @@ fn parts(url: &str) -> (String, u16, String, String) {
 /// What resolving the target ignored is a warning of its own, as `run` logs
 /// it: here a password file others may read.
 #[tokio::test]
-async fn check_warns_about_a_password_file_it_ignores() {
+async fn warns_about_ignored_password_file() {
     use std::os::unix::fs::PermissionsExt as _;
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
@@ -80,7 +80,7 @@ async fn check_warns_about_a_password_file_it_ignores() {
 }
 
 #[tokio::test]
-async fn check_gives_up_on_a_silent_server_within_the_targets_timeout_and_names_every_failure() {
+async fn silent_server_gives_up_within_timeout() {
     // Accepts TCP (the kernel completes the handshake), never answers: the
     // worst case for a preflight.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -129,7 +129,7 @@ async fn check_gives_up_on_a_silent_server_within_the_targets_timeout_and_names_
 /// check with a shorter deadline of its own over the walk never gets past
 /// the first host.
 #[tokio::test]
-async fn check_walks_past_a_silent_first_host_to_the_second_within_the_targets_timeout() {
+async fn walks_past_silent_first_host() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -162,7 +162,7 @@ async fn check_walks_past_a_silent_first_host_to_the_second_within_the_targets_t
 }
 
 #[tokio::test]
-async fn check_says_which_variable_named_its_target() {
+async fn names_the_variable_of_its_target() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -200,7 +200,7 @@ async fn check_says_which_variable_named_its_target() {
 /// before anything else, spells out what libpq's defaults then try, and how
 /// to name the database instead.
 #[tokio::test]
-async fn check_says_plainly_when_nothing_names_its_target() {
+async fn says_when_nothing_names_target() {
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let me = pgconn::os_user_name().expect("the OS user name");

@@ -4,7 +4,7 @@
 //! the daemon), passes for a role granted the shipped one, warns without
 //! failing on newer migrations, and says when the schema is there but not
 //! usable; never printing a password. How check reaches its target is
-//! `check_connection`; the command's exit status and help are `check_command`.
+//! `check::connection`; the command's exit status and help are `check::command`.
 
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ fn warned_lines(report: &Report) -> Vec<&str> {
 }
 
 #[tokio::test]
-async fn check_passes_on_a_migrated_database_and_never_prints_the_password() {
+async fn passes_when_migrated_without_password() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let (url, secret) = with_credentials(&db.url, PASSWORD);
@@ -102,7 +102,7 @@ async fn check_passes_on_a_migrated_database_and_never_prints_the_password() {
 }
 
 #[tokio::test]
-async fn check_fails_once_on_an_unmigrated_database_saying_to_migrate() {
+async fn unmigrated_fails_once_saying_migrate() {
     let db = TestDb::empty().await;
     let statsd = StatsdCapture::start().await;
     let (url, secret) = with_credentials(&db.url, PASSWORD);
@@ -151,7 +151,7 @@ async fn check_fails_once_on_an_unmigrated_database_saying_to_migrate() {
 /// A database that was migrated and then lost an object is not "not
 /// migrated": each missing object keeps its own line.
 #[tokio::test]
-async fn check_names_each_missing_object_of_a_migrated_database() {
+async fn names_each_missing_object() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     sqlx::query("DROP FUNCTION lock_sweep_probe(bigint)")
@@ -197,7 +197,7 @@ fn requested_grants(report: &Report, role: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough_to_sweep() {
+async fn names_missing_grants_enough_to_sweep() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut admin = db.connect().await;
@@ -313,7 +313,7 @@ async fn check_names_the_grants_a_least_privilege_role_lacks_and_they_are_enough
 }
 
 #[tokio::test]
-async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role() {
+async fn passes_for_login_role_granted_lease_sweeper() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut admin = db.connect().await;
@@ -336,7 +336,7 @@ async fn check_passes_for_a_login_role_granted_the_migrated_lease_sweeper_role()
 /// A database migrated by a newer binary (a rolling upgrade migrates first):
 /// this binary still works, so the line warns and the check passes.
 #[tokio::test]
-async fn check_warns_but_passes_when_the_database_has_newer_migrations() {
+async fn newer_migrations_warn_but_pass() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut admin = db.connect().await;
@@ -365,7 +365,7 @@ async fn check_warns_but_passes_when_the_database_has_newer_migrations() {
 }
 
 #[tokio::test]
-async fn check_says_when_the_schema_is_there_but_not_usable_by_the_role() {
+async fn says_when_schema_unusable_by_role() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut admin = db.connect().await;

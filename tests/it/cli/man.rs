@@ -196,7 +196,7 @@ fn committed(dir: &Path) -> BTreeMap<String, String> {
 }
 
 #[test]
-fn the_committed_man_pages_match_the_command_line() {
+fn committed_pages_match_the_cli() {
     let dir = PathBuf::from(MAN_DIR);
     let want = pages();
     assert!(
@@ -231,13 +231,13 @@ fn the_committed_man_pages_match_the_command_line() {
     assert!(
         wrong.is_empty(),
         "{}\nThe pages are generated from src/cli.rs: refresh them with\n  \
-         {WRITE_VAR}=1 cargo test --test it man::\nand commit man/.",
+         {WRITE_VAR}=1 cargo test --test it cli::man::\nand commit man/.",
         wrong.join("\n")
     );
 }
 
 #[test]
-fn every_help_heading_becomes_a_man_section_and_no_text_is_lost() {
+fn help_headings_become_sections() {
     let run = pages().remove("lease-sweeper-run.1").unwrap();
     for heading in [
         ".SH OUTPUT\n",

@@ -16,7 +16,7 @@ async fn print_gates(db: &TestDb, format: Format) -> String {
 }
 
 #[tokio::test]
-async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_do() {
+async fn gates_table_shows_settings_and_verdict() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_setting(&mut conn, SUBSTRATE, "true").await;
@@ -58,7 +58,7 @@ async fn gates_table_shows_every_setting_who_changed_it_and_what_an_apply_would_
 /// Following each refusal's advice, word for word, opens the gates one by
 /// one until the apply runs.
 #[tokio::test]
-async fn a_refused_apply_names_the_command_that_opens_its_gate() {
+async fn refused_apply_names_opening_command() {
     let db = TestDb::new().await;
     let mut refusals = Vec::new();
     loop {
@@ -115,7 +115,7 @@ async fn a_refused_apply_names_the_command_that_opens_its_gate() {
 }
 
 #[tokio::test]
-async fn dry_run_table_has_one_row_per_job_with_its_would_be_action_and_hostile_text_escaped() {
+async fn dry_run_table_row_per_job_escaped() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "kind\nFORGED", 2, 0, 5, 60_000).await;
@@ -163,7 +163,7 @@ async fn dry_run_table_has_one_row_per_job_with_its_would_be_action_and_hostile_
 }
 
 #[tokio::test]
-async fn json_flag_prints_the_functions_json_unchanged() {
+async fn json_flag_prints_function_json() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "k", 2, 0, 5, 60_000).await;
@@ -202,7 +202,7 @@ async fn json_flag_prints_the_functions_json_unchanged() {
 /// is up: a missing database, a missing role, TLS the server lacks, and a
 /// port nobody listens on.
 #[tokio::test]
-async fn a_login_failure_says_what_to_check() {
+async fn login_failure_says_what_to_check() {
     let db = TestDb::new().await;
     let url = url::Url::parse(&db.url).unwrap();
     let with = |f: &dyn Fn(&mut url::Url)| {
@@ -250,7 +250,7 @@ async fn a_login_failure_says_what_to_check() {
 /// server's words and SQLSTATE, what it leaves behind and what to do next;
 /// the `failed` line says which command it was.
 #[tokio::test]
-async fn a_failed_migration_is_named_with_what_to_do() {
+async fn failed_migration_named_with_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     crate::support::exec(&mut conn, "CREATE TABLE lock_session (x int)").await;
@@ -324,7 +324,7 @@ fn readme_environment() -> Vec<(Vec<String>, String, String)> {
 }
 
 #[test]
-fn the_help_environment_is_readmes_table() {
+fn help_environment_is_readmes_table() {
     let help: Vec<(Vec<String>, String, String)> = lease_sweeper::cli::ENVIRONMENT_TABLE
         .iter()
         .map(|v| {
@@ -350,7 +350,7 @@ fn the_help_environment_is_readmes_table() {
 }
 
 #[test]
-fn the_help_log_filter_is_readmes() {
+fn help_log_filter_is_readmes() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let filter = lease_sweeper::cli::LEASE_EXPIRED_FILTER;

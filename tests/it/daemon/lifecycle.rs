@@ -38,17 +38,17 @@ async fn exits_zero_promptly_on(signal: i32) {
 }
 
 #[tokio::test]
-async fn the_daemon_exits_0_promptly_on_sigterm() {
+async fn sigterm_exits_0_promptly() {
     exits_zero_promptly_on(libc::SIGTERM).await;
 }
 
 #[tokio::test]
-async fn the_daemon_exits_0_promptly_on_sigint() {
+async fn sigint_exits_0_promptly() {
     exits_zero_promptly_on(libc::SIGINT).await;
 }
 
 #[tokio::test]
-async fn a_second_signal_during_the_drain_exits_at_once() {
+async fn second_signal_exits_at_once() {
     // A "database" that accepts TCP and never answers keeps a sweep in flight.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!(
@@ -90,7 +90,7 @@ async fn a_second_signal_during_the_drain_exits_at_once() {
 }
 
 #[tokio::test]
-async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
+async fn store_error_logged_once_sweeps_go_on() {
     // No schema yet: every sweep fails until the migration lands.
     let db = TestDb::empty().await;
     let statsd = StatsdCapture::start().await;
@@ -146,7 +146,7 @@ async fn a_store_error_is_logged_at_error_once_and_the_next_sweep_still_runs() {
 }
 
 #[tokio::test]
-async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_password() {
+async fn unreachable_database_retried_without_password() {
     let socket_dir = std::env::temp_dir().join(format!("ls-nodb-{}", std::process::id()));
     std::fs::create_dir_all(&socket_dir).unwrap();
     let url = format!(
@@ -181,7 +181,7 @@ async fn an_unreachable_database_is_retried_with_the_cause_and_never_the_passwor
 }
 
 #[tokio::test]
-async fn bad_configuration_exits_2_with_a_clear_message_and_no_password() {
+async fn bad_configuration_exits_2() {
     for (args, env, needle) in [
         (
             vec!["migrate"],
@@ -223,7 +223,7 @@ async fn bad_configuration_exits_2_with_a_clear_message_and_no_password() {
 }
 
 #[tokio::test]
-async fn migrate_is_idempotent_and_fails_with_1_when_the_server_is_unreachable() {
+async fn migrate_idempotent_exits_1_unreachable() {
     let db = TestDb::empty().await;
     for _ in 0..2 {
         let mut d = Daemon::spawn_args(&["migrate"], &[("LOCKDB_URL", &db.url)]);
@@ -244,7 +244,7 @@ async fn migrate_is_idempotent_and_fails_with_1_when_the_server_is_unreachable()
 }
 
 #[tokio::test]
-async fn at_debug_a_pass_logs_its_counts_as_logfmt_fields() {
+async fn debug_pass_logs_counts() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

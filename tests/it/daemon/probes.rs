@@ -3,7 +3,7 @@
 //! a gated job pass reads its refusal and its gauge in one statement, and the
 //! client-side bound ends a probe stuck behind a table lock, the bound the
 //! guards every other transaction sets for itself alone. Through PgBouncer:
-//! `topology_pgbouncer`.
+//! `topology::pgbouncer`.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use crate::jobs::support::dry_run;
 use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};
 
 #[tokio::test]
-async fn the_sweep_probe_answers_in_text_what_the_daemon_decodes() {
+async fn sweep_probe_decodes_from_text() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     assert_eq!(
@@ -41,7 +41,7 @@ async fn the_sweep_probe_answers_in_text_what_the_daemon_decodes() {
 }
 
 #[tokio::test]
-async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
+async fn gated_pass_is_one_statement() {
     let db = TestDb::new().await;
     let mut queue = PgJobQueue::new(db.target());
     // A fresh schema's gates refuse (the substrate is off by default).
@@ -74,7 +74,7 @@ async fn a_gated_pass_reads_the_refusal_and_the_gauge_in_one_statement() {
 }
 
 #[tokio::test]
-async fn a_probe_behind_a_table_lock_fails_at_its_bound_instead_of_waiting() {
+async fn probe_behind_lock_fails_at_bound() {
     assert_eq!(PROBE_TIMEOUT, Duration::from_secs(30));
     let db = TestDb::new().await;
     let mut blocker = db.connect().await;
@@ -110,7 +110,7 @@ async fn a_probe_behind_a_table_lock_fails_at_its_bound_instead_of_waiting() {
 /// on whichever server connection it reached), the statement guard the
 /// probes' client-side bound.
 #[tokio::test]
-async fn a_transactions_guards_hold_inside_it_and_end_with_it() {
+async fn guards_hold_and_end_with_transaction() {
     const GUARDS: &str = "SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), \
                                  (SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout')";
     let db = TestDb::new().await;

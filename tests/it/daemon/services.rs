@@ -13,7 +13,7 @@ use crate::support::{
 const STALE_JOBS: i64 = 40;
 
 #[tokio::test]
-async fn a_blocked_job_reaper_never_holds_up_lock_expiries_and_catches_up_once_released() {
+async fn blocked_job_reaper_never_holds_up_expiries() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

@@ -47,7 +47,7 @@ fn seconds(value: &str) -> u64 {
 }
 
 #[test]
-fn the_unit_verifies_and_its_exposure_is_at_most_1_5() {
+fn unit_verifies_exposure_at_most_1_5() {
     let dir = TempDir::new("unit");
     let unit = unit_copy(&dir.0);
 
@@ -89,7 +89,7 @@ fn the_unit_verifies_and_its_exposure_is_at_most_1_5() {
 }
 
 #[test]
-fn the_units_timeouts_match_the_daemons_bounds() {
+fn timeouts_match_daemon_bounds() {
     use lease_sweeper::testing::sweep::{DRAIN_GRACE, SWEEP_DELAY};
 
     assert_eq!(directive("Type"), "notify");
@@ -134,7 +134,7 @@ fn the_units_timeouts_match_the_daemons_bounds() {
 }
 
 #[tokio::test]
-async fn the_daemon_speaks_systemds_notify_protocol() {
+async fn speaks_notify_protocol() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -191,7 +191,7 @@ async fn the_daemon_speaks_systemds_notify_protocol() {
 }
 
 #[tokio::test]
-async fn a_missing_notify_socket_is_reported_once_and_the_daemon_keeps_sweeping() {
+async fn missing_notify_socket_reported_once() {
     let db = TestDb::new().await;
     let dir = TempDir::new("nosock");
     let socket = dir.0.join("absent.sock");
@@ -217,7 +217,7 @@ async fn a_missing_notify_socket_is_reported_once_and_the_daemon_keeps_sweeping(
 }
 
 #[tokio::test]
-async fn the_watchdog_stops_while_the_job_loop_is_wedged_though_lock_sweeps_go_on() {
+async fn watchdog_stops_while_job_loop_wedged() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -258,7 +258,7 @@ const MIN_JOURNAL_LINES_PER_SECOND: u64 = 1_000_000;
 const JOURNALD_BURST_FACTOR_MAX: u64 = 63 - 16;
 
 #[test]
-fn the_units_journald_rate_limit_is_set_and_out_of_a_drains_reach() {
+fn journald_rate_limit_out_of_drains_reach() {
     // 0 (or nothing) means "not set" for a unit: journald's default, 10,000
     // lines in 30 s, applies and drops most of a large drain's lines.
     let interval = seconds(directive("LogRateLimitIntervalSec"));

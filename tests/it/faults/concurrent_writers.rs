@@ -4,7 +4,7 @@
 //! real expiry is reported once, with the identity a consumer deduplicates
 //! by, and nothing waits on another session's locks.
 //!
-//! It does not cover crashes or stops (`faults_signals`). Each test prints
+//! It does not cover crashes or stops (`faults::signals`). Each test prints
 //! its `FIGURES` line (`--nocapture`) for docs/reliability.md.
 
 use std::time::{Duration, Instant};
@@ -31,8 +31,7 @@ async fn blocked_sweepers(conn: &mut PgConnection, db: &TestDb) -> i64 {
 }
 
 #[tokio::test]
-async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_and_reported_once_released()
- {
+async fn row_locked_leases_skipped_then_reported() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "free-", 30, 1_000).await;
@@ -133,8 +132,7 @@ async fn expired_leases_row_locked_by_another_session_are_skipped_not_waited_on_
 }
 
 #[tokio::test]
-async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_job_id_and_distinct_attempts()
- {
+async fn two_expiries_of_one_job_reported_twice() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     open_gates(&mut conn).await;
@@ -190,7 +188,7 @@ async fn a_job_whose_lease_expires_on_two_attempts_is_reported_twice_with_one_jo
 }
 
 #[tokio::test]
-async fn takeovers_recorded_while_no_sweeper_ran_are_drained_in_batches_by_the_first_to_start() {
+async fn takeover_backlog_drained_in_batches() {
     const STOLEN: i64 = 12_000;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;

@@ -66,8 +66,7 @@ fn assert_one_safe_line(line: &str) {
 }
 
 #[tokio::test]
-async fn every_hostile_key_owner_job_kind_and_job_owner_yields_one_line_that_decodes_back_unchanged()
- {
+async fn hostile_values_decode_back_unchanged() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let values = hostile_values();
@@ -250,7 +249,7 @@ fn assert_no_secret(what: &str, output: &str) {
 }
 
 #[tokio::test]
-async fn a_password_never_appears_in_any_output_on_any_path_including_a_refused_login() {
+async fn password_never_in_any_output() {
     let (pg, mut admin, _hba_dir) = cluster_requiring_passwords().await;
     lease_sweeper::testing::migrate::migrate(&mut admin)
         .await
@@ -413,7 +412,7 @@ async fn refused(conn: &mut PgConnection, sql: &'static str) -> (String, String)
 }
 
 #[tokio::test]
-async fn negative_zero_and_null_ttls_and_empty_keys_are_refused_with_22023_naming_the_problem() {
+async fn bad_ttls_and_empty_keys_refused_with_22023() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     sqlx::query("SELECT lock_acquire('held', 'o', 60000)")
@@ -470,7 +469,7 @@ async fn negative_zero_and_null_ttls_and_empty_keys_are_refused_with_22023_namin
 #[tokio::test]
 /// A TTL of ~292 million years used to fail with 22008 "interval out of
 /// range", naming neither the function nor the TTL.
-async fn an_absurdly_large_ttl_is_refused_with_22023_naming_the_ttl() {
+async fn absurd_ttl_refused_with_22023() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let token: i64 = sqlx::query_scalar("SELECT lock_acquire('held', 'o', 60000)")
@@ -493,7 +492,7 @@ async fn an_absurdly_large_ttl_is_refused_with_22023_naming_the_ttl() {
 }
 
 #[tokio::test]
-async fn absurd_job_limits_are_refused_at_the_command_line_with_exit_2_naming_the_limit() {
+async fn absurd_job_limits_exit_2() {
     for (args, needle) in [
         (
             &["jobs", "dry-run", "--limit", "0"][..],

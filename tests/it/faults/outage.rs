@@ -3,7 +3,7 @@
 //! daemon stays up, logs each distinct cause once, recovers by itself and
 //! reports every lease that expired meanwhile.
 //!
-//! It does not cover the daemon itself dying (`faults_signals`). Each test
+//! It does not cover the daemon itself dying (`faults::signals`). Each test
 //! prints its `FIGURES` line (`--nocapture`) for docs/reliability.md.
 
 use std::collections::{HashMap, HashSet};
@@ -118,7 +118,7 @@ async fn restart_and_recover(
 }
 
 #[tokio::test]
-async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_from_by_itself() {
+async fn down_at_start_logged_once_and_recovered() {
     let (mut pg, url) = own_cluster().await;
     let mut conn = PgConnection::connect(&url).await.unwrap();
     let meanwhile = acquire(&mut conn, "meanwhile-", 20, 500).await;
@@ -165,7 +165,7 @@ async fn a_database_down_at_start_is_logged_once_with_its_cause_and_recovered_fr
 }
 
 #[tokio::test]
-async fn postgres_crashing_mid_run_is_survived_and_leases_that_expired_meanwhile_are_reported() {
+async fn crash_mid_run_survived_nothing_lost() {
     let (mut pg, url) = own_cluster().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();

@@ -3,8 +3,8 @@
 //! mid-drain, and a stop while a COMMIT hangs. Each proves nothing deleted
 //! goes unreported and a duplicate only repeats the one uncommitted batch.
 //!
-//! It does not cover the database going away (`faults_outage`) or StatsD
-//! (`faults_statsd`). Each test prints its `FIGURES` line (`--nocapture`)
+//! It does not cover the database going away (`faults::outage`) or StatsD
+//! (`faults::statsd`). Each test prints its `FIGURES` line (`--nocapture`)
 //! for docs/reliability.md.
 
 use std::collections::HashSet;
@@ -21,7 +21,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_most_one_batch() {
+async fn sigkill_mid_backlog_loses_nothing() {
     const LEASES: i64 = 200_000;
     const MARKER: &str = "backlog-100000";
     let db = TestDb::new().await;
@@ -152,7 +152,7 @@ async fn sigkill_mid_backlog_then_a_fresh_replica_loses_nothing_and_repeats_at_m
 }
 
 #[tokio::test]
-async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unreported() {
+async fn sigterm_mid_drain_exits_0_all_reported() {
     const LEASES: i64 = 100_000;
     const STOP_AFTER: usize = 10_000;
     let db = TestDb::new().await;
@@ -203,8 +203,7 @@ async fn sigterm_mid_drain_exits_0_within_5s_and_leaves_no_deleted_lease_unrepor
 }
 
 #[tokio::test]
-async fn sigterm_while_a_commit_hangs_abandons_it_after_the_grace_and_the_next_sweeper_repeats_only_that_batch()
- {
+async fn sigterm_abandons_hung_commit_after_grace() {
     const LEASES: i64 = 20_000;
     const MARKER: &str = "hang-10000";
     let db = TestDb::new().await;

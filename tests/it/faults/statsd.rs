@@ -3,7 +3,7 @@
 //! StatsD while a long drain is still running.
 //!
 //! It does not cover the counts a killed process already sent
-//! (`faults_signals`). Each test prints its `FIGURES` line (`--nocapture`)
+//! (`faults::signals`). Each test prints its `FIGURES` line (`--nocapture`)
 //! for docs/reliability.md.
 
 use std::time::{Duration, Instant};
@@ -79,7 +79,7 @@ async fn sweeps_unaffected_with_statsd_at(host: &str, port: &str) -> (usize, Vec
 }
 
 #[tokio::test]
-async fn a_statsd_port_with_no_listener_never_slows_or_stops_the_sweep() {
+async fn no_listener_never_slows_the_sweep() {
     let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port().to_string();
     drop(closed);
@@ -92,7 +92,7 @@ async fn a_statsd_port_with_no_listener_never_slows_or_stops_the_sweep() {
 }
 
 #[tokio::test]
-async fn an_unresolvable_statsd_host_is_warned_about_once_and_never_slows_or_stops_the_sweep() {
+async fn unresolvable_host_warned_once() {
     let (warnings, latencies, stop) =
         sweeps_unaffected_with_statsd_at("statsd.invalid", "8125").await;
     assert_eq!(warnings, 1, "the failure is reported once");
@@ -108,7 +108,7 @@ async fn an_unresolvable_statsd_host_is_warned_about_once_and_never_slows_or_sto
 /// Counts used to sit in the buffer until the whole drain ended: a SIGKILL
 /// mid-drain lost 95,000 committed counts. Now each batch's count is sent
 /// right after its commit.
-async fn counts_of_committed_batches_reach_statsd_while_a_long_drain_is_still_running() {
+async fn committed_counts_arrive_mid_drain() {
     const MARKER: &str = "slow-15001";
     let db = TestDb::new().await;
     let mut conn = db.connect().await;

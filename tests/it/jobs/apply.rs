@@ -4,9 +4,9 @@
 //! multiplier's cap, the dry run changing no row while predicting what apply
 //! does, and the rows apply never reaps.
 //!
-//! Owns none of the refusals (jobs_sql_gates), appliers racing the queue
-//! (jobs_sql_races), privileges (jobs_sql_privileges) or the worker's
-//! functions (jobs_sql_worker).
+//! Owns none of the refusals (jobs::gates), appliers racing the queue
+//! (jobs::races), privileges (privilege::jobs_api) or the worker's
+//! functions (jobs::worker).
 
 use serde_json::json;
 
@@ -16,7 +16,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5_with_attempts_5() {
+async fn proof_resets_and_dead_letters() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let retryable = insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 5_000).await;
@@ -124,7 +124,7 @@ async fn apply_path_proof_resets_0_of_5_with_10s_backoff_and_dead_letters_4_of_5
 }
 
 #[tokio::test]
-async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
+async fn backoff_doubles_capped() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let mut expected = Vec::new();
@@ -166,7 +166,7 @@ async fn backoff_doubles_per_attempt_with_the_multiplier_capped_at_2_pow_10() {
 }
 
 #[tokio::test]
-async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does() {
+async fn dry_run_changes_nothing_predicts_apply() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let retryable = insert_stale_jobs(&mut conn, "retryable", 3, 1, 5, 9_000).await;
@@ -321,7 +321,7 @@ async fn dry_run_changes_no_row_says_mutation_false_and_predicts_what_apply_does
 }
 
 #[tokio::test]
-async fn live_leases_and_jobs_in_other_states_are_never_reaped() {
+async fn live_and_other_states_never_reaped() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     sqlx::raw_sql(

@@ -4,7 +4,7 @@
 //! run cannot handle is set aside with one ERROR line while every other one
 //! is reaped and counted; a migration over bad rows or settings names them
 //! and the fix; every change of a queue setting is audited. Jobs lost: none,
-//! in every test. The lock sweep's bad rows are `bad_rows_locks`.
+//! in every test. The lock sweep's bad rows are `locks::bad_rows`.
 //!
 //! "Handled" cases need a row the constraints now refuse; the tests drop the
 //! constraint by hand first, as an operator (or an older schema) might have.
@@ -20,8 +20,7 @@ use crate::support::{TestDb, events, exec, insert_stale_jobs, migrate_to, open_g
 type AuditRow = (String, Option<String>, Option<String>, String, String);
 
 #[tokio::test]
-async fn job_and_setting_values_the_reaper_cannot_handle_are_refused_at_the_door_by_named_constraints()
- {
+async fn unhandled_values_refused_by_named_constraints() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let ids = insert_stale_jobs(&mut conn, "k", 1, 0, 5, 1_000).await;
@@ -74,7 +73,7 @@ async fn job_and_setting_values_the_reaper_cannot_handle_are_refused_at_the_door
 }
 
 #[tokio::test]
-async fn stale_jobs_beside_an_overflowing_or_minus_infinity_one_are_all_reaped_in_the_same_sweep() {
+async fn extreme_deadlines_reaped_in_the_same_sweep() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     open_gates(&mut conn).await;
@@ -149,7 +148,7 @@ async fn stale_jobs_beside_an_overflowing_or_minus_infinity_one_are_all_reaped_i
 /// Anything the constraints cannot foresee: a trigger refusing to touch one
 /// job. Its neighbours are reaped; it is set aside and named.
 #[tokio::test]
-async fn a_stale_job_that_fails_inside_apply_is_set_aside_and_every_other_one_is_reaped() {
+async fn failing_job_set_aside_others_reaped() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     open_gates(&mut conn).await;
@@ -205,7 +204,7 @@ async fn a_stale_job_that_fails_inside_apply_is_set_aside_and_every_other_one_is
 }
 
 #[tokio::test]
-async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them_and_the_fix() {
+async fn migration_over_bad_rows_names_them_and_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;
@@ -270,7 +269,7 @@ async fn migrating_a_database_holding_bad_job_rows_or_settings_fails_naming_them
 }
 
 #[tokio::test]
-async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_records_its_actor() {
+async fn setting_changes_and_apply_actor_audited() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     // One statement (one transaction) each: the setter, a direct update, an
@@ -364,8 +363,7 @@ async fn every_change_of_a_queue_setting_is_audited_whoever_makes_it_and_apply_r
 /// prove its set-aside path anyway, the test makes one job's object fail
 /// (replacing the per-job builder for this database only).
 #[tokio::test]
-async fn a_job_that_fails_inside_the_dry_run_is_set_aside_and_the_gauge_still_counts_every_stale_job()
- {
+async fn dry_run_failure_set_aside_gauge_counts_all() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     exec(

@@ -52,8 +52,7 @@ fn cli_apply() -> JobsCommand {
 }
 
 #[tokio::test]
-async fn cli_jobs_apply_exits_1_with_the_refusal_json_while_gated_and_0_with_the_actions_once_opened()
- {
+async fn apply_exits_1_gated_0_opened() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
@@ -118,8 +117,7 @@ async fn cli_jobs_apply_exits_1_with_the_refusal_json_while_gated_and_0_with_the
 }
 
 #[tokio::test]
-async fn cli_gates_set_with_an_unknown_key_or_bad_value_exits_1_with_a_clear_message_and_changes_nothing()
- {
+async fn gates_set_bad_key_exits_1() {
     let db = TestDb::new().await;
 
     let (code, out) = cli_gates(&db, gate_set("queue.lease.reaper_enabeld", "true")).await;
@@ -158,7 +156,7 @@ async fn cli_gates_set_with_an_unknown_key_or_bad_value_exits_1_with_a_clear_mes
 }
 
 #[tokio::test]
-async fn cli_database_errors_never_carry_the_password() {
+async fn database_errors_carry_no_password() {
     let dir = std::env::temp_dir().join(format!("ls-jobs-nodb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let target = lease_sweeper::testing::config::DbTarget::from_url(
@@ -205,7 +203,7 @@ async fn binary(db: &TestDb, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 #[tokio::test]
-async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_bad_gate_key() {
+async fn binary_reproduces_refusals_and_proof() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "phase2_proof_retryable", 1, 0, 5, 2_000).await;
@@ -285,7 +283,7 @@ async fn the_binary_reproduces_the_refusal_table_and_apply_proof_and_rejects_a_b
 }
 
 #[tokio::test]
-async fn cli_prints_indented_json_for_a_terminal_and_the_same_value_on_one_line_otherwise() {
+async fn json_indented_on_terminal_one_line_otherwise() {
     let db = TestDb::new().await;
     let dry = || JobsCommand::DryRun(LimitArg { limit: 5 });
     let mut pretty = Vec::new();

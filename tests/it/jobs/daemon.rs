@@ -31,8 +31,7 @@ fn reaper(db: &TestDb, statsd: &StatsdCapture) -> (JobReaper<PgJobQueue>, Memory
 }
 
 #[tokio::test]
-async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_and_counts_each_action()
- {
+async fn reap_once_line_per_action() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -122,8 +121,7 @@ async fn reap_once_writes_one_job_lease_expired_line_per_action_across_batches_a
 }
 
 #[tokio::test]
-async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_reports_the_stale_gauge()
- {
+async fn reap_once_gated_reports_gauge_only() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -162,7 +160,7 @@ async fn reap_once_with_a_gate_closed_reaps_nothing_writes_nothing_and_still_rep
 }
 
 #[tokio::test]
-async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_reaps_nothing() {
+async fn gated_logs_each_refusal_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -206,8 +204,7 @@ async fn while_gated_the_daemon_logs_each_refusal_reason_once_across_sweeps_and_
 }
 
 #[tokio::test]
-async fn with_the_gates_open_the_daemon_writes_one_job_lease_expired_line_per_action_and_matching_counts()
- {
+async fn open_gates_line_and_count_per_action() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();

@@ -4,8 +4,8 @@
 //! and apply, and the setter that changes a gate rejects unknown keys,
 //! ill-typed values and empty actors and audits each change.
 //!
-//! Owns none of what apply does once the gates are open (jobs_sql_apply,
-//! jobs_sql_races).
+//! Owns none of what apply does once the gates are open (jobs::apply,
+//! jobs::races).
 
 use serde_json::{Value, json};
 
@@ -16,7 +16,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_nothing() {
+async fn refusals_in_gate_order_change_nothing() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "refusal_probe", 1, 0, 5, 5_000).await;
@@ -100,7 +100,7 @@ async fn apply_refusals_reproduce_the_source_table_in_gate_order_and_change_noth
 }
 
 #[tokio::test]
-async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
+async fn limits_outside_range_refused() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_stale_jobs(&mut conn, "limit", 2, 0, 5, 1_000).await;
@@ -135,8 +135,7 @@ async fn limits_outside_1_to_10000_are_refused_by_dry_run_and_apply() {
 }
 
 #[tokio::test]
-async fn the_setter_rejects_unknown_keys_ill_typed_values_and_empty_actors_and_audits_each_change()
-{
+async fn setter_rejects_bad_input_audits_changes() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let settings = "SELECT string_agg(s::text, ',' ORDER BY key) FROM queue_setting s";

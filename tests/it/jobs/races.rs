@@ -3,7 +3,7 @@
 //! exactly once, a job completed or re-leased between dry run and apply is
 //! left alone, and a job a worker holds locked is skipped without waiting.
 //!
-//! Owns none of apply's results on a still queue (jobs_sql_apply).
+//! Owns none of apply's results on a still queue (jobs::apply).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use crate::jobs::support::{dry_run, job_row};
 use crate::support::{TestDb, apply_stale_leases, count, insert_stale_jobs, open_gates};
 
 #[tokio::test]
-async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
+async fn concurrent_appliers_reap_each_once() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let mut all = HashSet::new();
@@ -95,7 +95,7 @@ async fn three_concurrent_appliers_reap_each_of_3000_stale_jobs_exactly_once() {
 }
 
 #[tokio::test]
-async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
+async fn completed_before_apply_left_alone() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let id = insert_stale_jobs(&mut conn, "slow", 1, 0, 5, 2_000)
@@ -129,7 +129,7 @@ async fn a_job_completed_between_dry_run_and_apply_is_left_alone() {
 }
 
 #[tokio::test]
-async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
+async fn re_leased_before_apply_left_alone() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let id = insert_stale_jobs(&mut conn, "flaky", 1, 0, 5, 2_000)
@@ -172,8 +172,7 @@ async fn a_job_re_leased_between_dry_run_and_apply_is_left_alone() {
 }
 
 #[tokio::test]
-async fn a_stale_job_a_worker_holds_locked_is_skipped_without_waiting_and_not_reaped_after_it_completes()
- {
+async fn locked_job_skipped_without_waiting() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let held = insert_stale_jobs(&mut conn, "held", 1, 0, 5, 3_000)

@@ -4,8 +4,8 @@
 //! to the dead letter returns the same object apply does and refuses
 //! finished jobs.
 //!
-//! Owns none of the reaper (jobs_sql_apply) or lease durations per kind and
-//! per job (job_lease_duration_claims).
+//! Owns none of the reaper (jobs::apply) or lease durations per kind and
+//! per job (jobs::lease_duration::claims).
 
 use serde_json::{Value, json};
 
@@ -15,7 +15,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn claim_refuses_while_the_substrate_is_off_and_leases_for_the_configured_duration() {
+async fn claim_refused_while_off_leases_configured() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let id: String =
@@ -97,8 +97,7 @@ async fn claim_refuses_while_the_substrate_is_off_and_leases_for_the_configured_
 }
 
 #[tokio::test]
-async fn move_to_dead_letter_returns_the_same_dead_letter_object_as_apply_and_refuses_finished_jobs()
- {
+async fn dead_letter_matches_apply() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let id: String = sqlx::query_scalar("SELECT fn_job_enqueue('poison', '{}', 5)::text")

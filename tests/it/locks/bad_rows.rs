@@ -4,7 +4,7 @@
 //! one ERROR line while every other lease of the same sweep is reported; the
 //! lock functions refuse a bad limit, and a migration over bad rows names
 //! them and the fix. Expiries lost: none, in every test. The job queue's bad
-//! rows are `bad_rows_jobs`.
+//! rows are `jobs::bad_rows`.
 //!
 //! "Handled" cases need a row the constraints now refuse; the tests drop the
 //! constraint by hand first, as an operator (or an older schema) might have.
@@ -15,7 +15,7 @@ use crate::support::bad_rows::{
 use crate::support::{TestDb, count, events, exec, insert_expired, migrate_to, run_binary};
 
 #[tokio::test]
-async fn infinite_lease_deadlines_are_refused_at_the_door_by_named_constraints() {
+async fn infinite_deadlines_refused_by_named_constraints() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     for deadline in ["-infinity", "infinity"] {
@@ -51,8 +51,7 @@ async fn infinite_lease_deadlines_are_refused_at_the_door_by_named_constraints()
 }
 
 #[tokio::test]
-async fn a_pre_1970_or_minus_infinity_deadline_is_reported_in_the_same_sweep_as_the_ordinary_ones()
-{
+async fn extreme_deadlines_reported_in_the_same_sweep() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "ordinary-", 20, 1_000).await;
@@ -89,7 +88,7 @@ async fn a_pre_1970_or_minus_infinity_deadline_is_reported_in_the_same_sweep_as_
 }
 
 #[tokio::test]
-async fn a_takeover_of_a_minus_infinity_lease_is_drained_with_every_other_takeover() {
+async fn minus_infinity_takeover_drained_with_others() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     exec(&mut conn, "ALTER TABLE lock_entry DROP CONSTRAINT lock_entry_expires_at_finite; ALTER TABLE lock_expiry_outbox DROP CONSTRAINT lock_expiry_outbox_expires_at_finite").await;
@@ -129,8 +128,7 @@ async fn a_takeover_of_a_minus_infinity_lease_is_drained_with_every_other_takeov
 /// Anything the constraints cannot foresee: here a trigger an operator added
 /// that refuses to delete one key, and one outbox row.
 #[tokio::test]
-async fn a_lease_or_takeover_that_fails_inside_the_function_is_set_aside_with_one_error_and_the_others_are_reported()
- {
+async fn failing_row_set_aside_others_reported() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     exec(
@@ -205,7 +203,7 @@ async fn a_lease_or_takeover_that_fails_inside_the_function_is_set_aside_with_on
 }
 
 #[tokio::test]
-async fn the_lock_functions_refuse_null_zero_negative_and_oversized_limits_with_22023() {
+async fn bad_limits_refused_with_22023() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "k", 3, 1_000).await;
@@ -237,7 +235,7 @@ async fn the_lock_functions_refuse_null_zero_negative_and_oversized_limits_with_
 }
 
 #[tokio::test]
-async fn migrating_a_database_holding_infinite_lease_deadlines_fails_naming_the_rows_and_the_fix() {
+async fn migration_over_infinite_deadlines_names_rows_and_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;

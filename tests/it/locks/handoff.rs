@@ -54,7 +54,7 @@ fn reported_once(lines: &[String]) -> HashSet<String> {
 }
 
 #[tokio::test]
-async fn acquires_do_not_wait_for_a_batch_whose_lines_are_blocked() {
+async fn acquire_does_not_wait_for_lines() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let inserted = insert_expired(&mut conn, "storm-", LEASES, 5_000).await;
@@ -110,7 +110,7 @@ async fn acquires_do_not_wait_for_a_batch_whose_lines_are_blocked() {
 }
 
 #[tokio::test]
-async fn a_daemon_killed_while_its_lines_are_blocked_loses_none() {
+async fn kill_while_lines_blocked_loses_none() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let inserted = insert_expired(&mut conn, "killed-", LEASES, 5_000).await;
@@ -166,7 +166,7 @@ async fn a_daemon_killed_while_its_lines_are_blocked_loses_none() {
 }
 
 #[tokio::test]
-async fn a_late_worker_completes_without_waiting_for_a_blocked_reap() {
+async fn late_worker_does_not_wait_for_reap() {
     const JOBS: i64 = JOB_BATCH_SIZE as i64;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
@@ -227,7 +227,7 @@ async fn a_late_worker_completes_without_waiting_for_a_blocked_reap() {
 }
 
 #[tokio::test]
-async fn a_batch_says_how_many_lock_server_calls_waited_on_it() {
+async fn batch_counts_calls_that_waited() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "busy-", 100, 5_000).await;

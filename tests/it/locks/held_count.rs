@@ -136,7 +136,7 @@ fn sweeper(db: &TestDb, statsd: &StatsdCapture) -> LockSweeper<PgLockStore> {
 }
 
 #[tokio::test]
-async fn a_fleet_of_daemons_recounts_once_per_interval_not_once_per_daemon() {
+async fn fleet_recounts_once_per_interval() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -163,7 +163,7 @@ async fn a_fleet_of_daemons_recounts_once_per_interval_not_once_per_daemon() {
 }
 
 #[tokio::test]
-async fn the_count_is_exact_after_a_sweep_once_the_interval_has_passed() {
+async fn exact_after_sweep_and_interval() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -198,7 +198,7 @@ async fn the_count_is_exact_after_a_sweep_once_the_interval_has_passed() {
 }
 
 #[tokio::test]
-async fn a_daemon_never_waits_for_the_one_that_is_recounting() {
+async fn never_waits_for_the_recount() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 3).await;
@@ -239,7 +239,7 @@ async fn a_daemon_never_waits_for_the_one_that_is_recounting() {
 }
 
 #[tokio::test]
-async fn the_sweeper_role_reads_the_count_only_through_the_function() {
+async fn role_reads_only_through_function() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 2).await;
@@ -264,8 +264,7 @@ async fn the_sweeper_role_reads_the_count_only_through_the_function() {
 /// two daemons: the one that sweeps reports four in that same pass, the other
 /// at its next, and nobody recounted.
 #[tokio::test]
-async fn a_sweep_lowers_the_gauge_of_the_sweeping_daemon_in_its_pass_and_of_every_other_at_its_next()
- {
+async fn sweep_lowers_every_daemons_gauge() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
@@ -299,7 +298,7 @@ impl std::io::Write for BrokenPipe {
 }
 
 #[tokio::test]
-async fn a_batch_whose_lines_fail_is_no_longer_held_and_stays_handed_off() {
+async fn failed_lines_batch_not_held() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -338,8 +337,7 @@ async fn a_batch_whose_lines_fail_is_no_longer_held_and_stays_handed_off() {
 }
 
 #[tokio::test]
-async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_snapshot_is_subtracted_once()
- {
+async fn recount_folds_sweeps_subtracts_once() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
@@ -399,7 +397,7 @@ async fn a_recount_folds_the_sweeps_it_sees_and_a_batch_committing_after_its_sna
 /// A reading is the count the last recount took less the leases it included
 /// that were swept since: never a number of leases there never were.
 #[tokio::test]
-async fn a_sweep_subtracts_only_leases_the_count_included() {
+async fn subtracts_only_counted_leases() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
@@ -450,7 +448,7 @@ async fn a_sweep_subtracts_only_leases_the_count_included() {
 /// lock server's acquisitions and releases) is in every daemon's gauge once
 /// the count is older than HELD_COUNT_MAX_AGE, at its next pass.
 #[tokio::test]
-async fn the_lock_servers_work_reaches_every_daemon_once_the_count_is_older_than_its_max_age() {
+async fn lock_server_work_seen_after_max_age() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     live(&mut conn, "live-", 4).await;
@@ -483,7 +481,7 @@ async fn the_lock_servers_work_reaches_every_daemon_once_the_count_is_older_than
 }
 
 #[tokio::test]
-async fn every_reaping_path_lowers_the_count_by_what_it_deleted() {
+async fn every_reaping_path_lowers_count() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let mut a = Replica::new(&db).await;
@@ -551,7 +549,7 @@ async fn calls(conn: &mut PgConnection) -> std::collections::BTreeMap<String, i6
 /// An idle pass is the probe alone, and the probe's fresh count already has
 /// another daemon's sweep subtracted: no count, no second statement.
 #[tokio::test]
-async fn an_idle_pass_is_one_probe_whose_count_has_the_other_daemons_sweep_subtracted() {
+async fn idle_pass_is_one_probe() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     // Sessions opened from now on count their function calls.

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{StatsdCapture, TestDb, assert_fails_with, count, events, exec};
 
 #[tokio::test]
-async fn a_backlog_walk_reports_the_same_millis_as_the_database_for_every_lease() {
+async fn walk_reports_database_millis() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -79,7 +79,7 @@ async fn a_backlog_walk_reports_the_same_millis_as_the_database_for_every_lease(
 }
 
 #[tokio::test]
-async fn the_walk_refuses_a_null_or_negative_limit_or_a_null_page() {
+async fn walk_refuses_bad_limit_or_page() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     for sql in [
@@ -139,7 +139,7 @@ async fn expired_behind_empty_pages(conn: &mut sqlx::PgConnection, empty_pages: 
 }
 
 #[tokio::test]
-async fn the_walk_goes_on_past_empty_pages_but_stops_where_expired_rows_are_sparse() {
+async fn walk_crosses_empty_pages_stops_at_sparse() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     // A limit of 100 walks 50 pages a range: 200 empty pages are four ranges.
@@ -177,7 +177,7 @@ async fn the_walk_goes_on_past_empty_pages_but_stops_where_expired_rows_are_spar
 }
 
 #[tokio::test]
-async fn a_backlog_behind_empty_pages_is_reported_once_per_lease() {
+async fn backlog_behind_empty_pages_reported_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

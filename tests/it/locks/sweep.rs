@@ -30,7 +30,7 @@ async fn sweeper(
 }
 
 #[tokio::test]
-async fn n_expired_leases_yield_n_lines_with_the_contract_fields_and_a_count_of_n() {
+async fn n_expiries_n_lines_count_n() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -79,7 +79,7 @@ async fn n_expired_leases_yield_n_lines_with_the_contract_fields_and_a_count_of_
 }
 
 #[tokio::test]
-async fn live_leases_are_never_touched_and_a_quiet_sweep_writes_no_warn() {
+async fn live_leases_untouched_quiet_sweep_silent() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -125,7 +125,7 @@ async fn live_leases_are_never_touched_and_a_quiet_sweep_writes_no_warn() {
 }
 
 #[tokio::test]
-async fn a_backlog_larger_than_one_batch_is_drained_in_one_sweep() {
+async fn backlog_drained_in_one_sweep() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -149,7 +149,7 @@ async fn a_backlog_larger_than_one_batch_is_drained_in_one_sweep() {
 }
 
 #[tokio::test]
-async fn three_sweepers_on_one_database_report_each_of_10000_leases_exactly_once() {
+async fn three_sweepers_report_each_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -189,7 +189,7 @@ async fn three_sweepers_on_one_database_report_each_of_10000_leases_exactly_once
 }
 
 #[tokio::test]
-async fn a_lease_taken_over_after_expiry_is_reported_once_as_takeover() {
+async fn takeover_reported_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -242,7 +242,7 @@ async fn a_lease_taken_over_after_expiry_is_reported_once_as_takeover() {
 }
 
 #[tokio::test]
-async fn acquire_stealing_expired_leases_while_sweepers_run_reports_every_token_exactly_once() {
+async fn stealing_acquires_report_each_token_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let stop = CancellationToken::new();
@@ -304,7 +304,7 @@ async fn acquire_stealing_expired_leases_while_sweepers_run_reports_every_token_
 }
 
 #[tokio::test]
-async fn a_release_after_the_deadline_leaves_the_expiry_to_be_reported() {
+async fn late_release_still_reported() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -336,7 +336,7 @@ async fn a_release_after_the_deadline_leaves_the_expiry_to_be_reported() {
 }
 
 #[tokio::test]
-async fn a_hostile_lock_key_yields_exactly_one_line_that_decodes_to_the_same_key() {
+async fn hostile_key_one_line_decodes_back() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -363,7 +363,7 @@ async fn a_hostile_lock_key_yields_exactly_one_line_that_decodes_to_the_same_key
 }
 
 #[tokio::test]
-async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
+async fn statement_uses_expiry_index() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "k", 2_000, 1_000).await;
@@ -395,7 +395,7 @@ async fn the_sweep_statement_uses_the_expiry_index_and_deletes_by_tuple_id() {
 }
 
 #[tokio::test]
-async fn a_batch_whose_lines_cannot_be_written_stays_handed_off_and_nothing_is_lost() {
+async fn unwritable_batch_stays_handed_off() {
     struct BrokenPipe;
     impl std::io::Write for BrokenPipe {
         fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
@@ -465,7 +465,7 @@ async fn a_batch_whose_lines_cannot_be_written_stays_handed_off_and_nothing_is_l
 }
 
 #[tokio::test]
-async fn a_locked_lease_behind_a_resumed_batch_is_reaped_by_the_next_sweep_not_lost() {
+async fn locked_lease_reaped_next_sweep() {
     use sqlx::Connection as _;
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;

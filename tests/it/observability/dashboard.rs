@@ -30,7 +30,7 @@ const DEAD: i64 = 3;
 const STALE: i64 = 4;
 
 #[tokio::test]
-async fn every_dashboard_panel_evaluates_and_the_core_ones_show_what_happened() {
+async fn every_panel_evaluates() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

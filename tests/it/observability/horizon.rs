@@ -101,7 +101,7 @@ fn seconds(f: &HashMap<String, String>) -> u64 {
 }
 
 #[tokio::test]
-async fn a_forgotten_transaction_is_named_with_its_session_and_gauged_until_it_ends() {
+async fn forgotten_transaction_named_and_gauged() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -163,7 +163,7 @@ async fn a_forgotten_transaction_is_named_with_its_session_and_gauged_until_it_e
 }
 
 #[tokio::test]
-async fn a_forgotten_prepared_transaction_is_named_by_its_gid() {
+async fn prepared_transaction_named_by_gid() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -204,7 +204,7 @@ async fn a_forgotten_prepared_transaction_is_named_by_its_gid() {
 }
 
 #[tokio::test]
-async fn an_abandoned_replication_slot_is_named_until_dropped() {
+async fn abandoned_slot_named_until_dropped() {
     const SLOT: &str = "forgotten_slot";
     // A cluster of its own: a slot's xmin holds every database of it.
     let primary_port = free_port();
@@ -281,7 +281,7 @@ async fn an_abandoned_replication_slot_is_named_until_dropped() {
 }
 
 #[tokio::test]
-async fn a_hostile_application_name_or_gid_stays_one_escaped_value() {
+async fn hostile_names_stay_one_value() {
     const APP: &str = "forgotten-report\" level=error message=lease_expired x=\"\ny";
     const GID: &str = "forgotten\nts=0 level=error message=lease_expired gid=forged";
     let db = TestDb::new().await;
@@ -341,7 +341,7 @@ async fn a_hostile_application_name_or_gid_stays_one_escaped_value() {
 }
 
 #[tokio::test]
-async fn without_pg_read_all_stats_the_holder_is_still_named_and_what_is_hidden_said_once() {
+async fn without_read_all_stats_holder_named() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let sweeper = LoginRole::create(&db, &mut admin, "horizon", GRANTED).await;
@@ -402,7 +402,7 @@ async fn without_pg_read_all_stats_the_holder_is_still_named_and_what_is_hidden_
 }
 
 #[tokio::test]
-async fn a_denied_check_says_why_once_and_the_sweeps_go_on() {
+async fn denied_check_says_why_once() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let sweeper = LoginRole::create(&db, &mut admin, "denied", GRANTED).await;

@@ -27,7 +27,7 @@ fn lateness_by(lines: &[HashMap<String, String>], field: &str) -> HashMap<String
 }
 
 #[tokio::test]
-async fn the_lateness_histograms_count_exactly_the_lines_by_how_each_was_reaped() {
+async fn histograms_count_lines_by_path() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     // Before the daemon starts: 12 leases to sweep, 4 stolen by an acquire

@@ -179,8 +179,7 @@ fn series_of<'a>(all: &'a BTreeMap<String, f64>, name: &str) -> BTreeMap<&'a str
 }
 
 #[tokio::test]
-async fn the_shipped_mtail_program_counts_each_signal_line_of_the_real_daemon_once_and_no_hostile_value_forges_or_hides_one()
- {
+async fn counts_each_line_once_unforgeable() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let values = hostile_values();

@@ -17,7 +17,7 @@ const RESET: &str = "queue_lease_reaped_total{backend=\"pg\",action=\"reset_to_r
 const DEAD: &str = "queue_lease_reaped_total{backend=\"pg\",action=\"moved_to_dead_letter\"}";
 
 #[tokio::test]
-async fn a_scrape_counts_exactly_the_lines_and_the_statsd_counts() {
+async fn counts_match_lines_and_statsd() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -107,7 +107,7 @@ async fn a_scrape_counts_exactly_the_lines_and_the_statsd_counts() {
 }
 
 #[tokio::test]
-async fn three_replicas_scrapes_sum_to_exactly_the_expiries() {
+async fn replicas_sum_to_expiries() {
     const N: i64 = 3_000;
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
@@ -155,7 +155,7 @@ async fn three_replicas_scrapes_sum_to_exactly_the_expiries() {
 }
 
 #[tokio::test]
-async fn only_get_and_head_of_metrics_are_served() {
+async fn serves_only_get_and_head_of_metrics() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -194,7 +194,7 @@ async fn only_get_and_head_of_metrics_are_served() {
 }
 
 #[tokio::test]
-async fn promtool_accepts_the_exposition() {
+async fn promtool_accepts_exposition() {
     let promtool = crate::support::tool("promtool", "prometheus");
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
@@ -230,7 +230,7 @@ async fn promtool_accepts_the_exposition() {
 }
 
 #[tokio::test]
-async fn a_malformed_address_is_a_configuration_error() {
+async fn malformed_address_exits_2() {
     for bad in ["9464", "localhost:9464", "127.0.0.1:99999", "127.0.0.1"] {
         let mut daemon = Daemon::spawn(&[
             ("LOCKDB_URL", "postgres://nobody@127.0.0.1:1/none"),
@@ -248,7 +248,7 @@ async fn a_malformed_address_is_a_configuration_error() {
 }
 
 #[tokio::test]
-async fn a_port_in_use_fails_the_start_and_says_so() {
+async fn port_in_use_fails_start() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let mut daemon = Daemon::spawn(&[
@@ -270,7 +270,7 @@ async fn a_port_in_use_fails_the_start_and_says_so() {
 }
 
 #[tokio::test]
-async fn without_the_variable_nothing_listens() {
+async fn unset_variable_listens_nowhere() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -313,7 +313,7 @@ fn listening_sockets_of(pid: i32) -> usize {
 /// overdueMillis under 1,500, the counter reads 1 with `backend="pg"`, the
 /// table is empty; two more give 3 and three distinct lines.
 #[tokio::test]
-async fn the_lock_servers_verification_step_reads_one_then_three() {
+async fn verification_step_reads_one_then_three() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

@@ -52,7 +52,7 @@ struct Tally {
 }
 
 #[tokio::test]
-async fn a_flood_on_the_scrape_port_never_delays_an_expiry() {
+async fn flood_never_delays_an_expiry() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;

@@ -2,7 +2,7 @@
 //! the SECURITY DEFINER reaper and lock functions cannot be hijacked through
 //! `search_path` (objects planted in `pg_temp` or a schema of the attacker's)
 //! nor by an overload created in `public`; they reap exactly what expired.
-//! What the role itself may and may not do is `privilege_role`.
+//! What the role itself may and may not do is `privilege::role`.
 
 use sqlx::{Connection as _, PgConnection};
 
@@ -96,8 +96,7 @@ async fn assert_reaps_only_what_expired(
 }
 
 #[tokio::test]
-async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a_definer_function()
-{
+async fn search_path_never_reaches_definer() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "mallory", GRANTED).await;
@@ -159,7 +158,7 @@ async fn a_search_path_hijack_from_pg_temp_or_an_attacker_schema_never_reaches_a
 /// as the function's owner, unless the definer qualifies its calls; the lock
 /// definers are tried with a planted `now()` and `floor(numeric)` too.
 #[tokio::test]
-async fn a_role_that_may_create_in_public_cannot_hijack_a_definer_function_with_an_overload() {
+async fn public_overload_cannot_hijack() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "overload", GRANTED).await;

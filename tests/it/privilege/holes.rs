@@ -70,8 +70,7 @@ async fn hits(conn: &mut PgConnection) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn planted_overloads_never_run_as_the_operator_for_gates_leases_check_jobs_migrate_or_the_daemon()
- {
+async fn planted_overloads_never_run_as_operator() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let LoginRole {
@@ -169,7 +168,7 @@ async fn planted_overloads_never_run_as_the_operator_for_gates_leases_check_jobs
 }
 
 #[tokio::test]
-async fn migrate_refuses_a_fresh_database_with_a_planted_format_overload_before_running_anything() {
+async fn migrate_refuses_planted_format_overload() {
     let db = TestDb::empty().await;
     let mut admin = db.connect().await;
     let LoginRole {
@@ -203,8 +202,7 @@ async fn migrate_refuses_a_fresh_database_with_a_planted_format_overload_before_
 }
 
 #[tokio::test]
-async fn a_lock_server_without_outbox_privileges_records_takeovers_and_its_temp_table_cannot_swallow_them()
- {
+async fn takeovers_recorded_without_outbox_privileges() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let LoginRole { role, url } = LoginRole::create(&db, &mut admin, "lockserver", "").await;
@@ -264,7 +262,7 @@ async fn a_lock_server_without_outbox_privileges_records_takeovers_and_its_temp_
 }
 
 #[tokio::test]
-async fn definer_functions_installed_in_another_schema_act_on_that_schema_never_on_public() {
+async fn definers_act_on_their_own_schema() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     exec(&mut conn, "CREATE SCHEMA locks; SET search_path = locks").await;
@@ -321,8 +319,7 @@ async fn definer_functions_installed_in_another_schema_act_on_that_schema_never_
 }
 
 #[tokio::test]
-async fn a_pre_existing_lease_sweeper_that_can_log_in_or_has_unknown_members_is_refused_with_what_to_do()
- {
+async fn loginable_lease_sweeper_role_refused() {
     let (pg, mut admin) = own_cluster(
         &[],
         &[
@@ -362,7 +359,7 @@ async fn a_pre_existing_lease_sweeper_that_can_log_in_or_has_unknown_members_is_
 }
 
 #[tokio::test]
-async fn revoking_connect_scopes_a_sweeper_host_to_one_database() {
+async fn revoking_connect_scopes_host_to_one_database() {
     let a = TestDb::new().await;
     let b = TestDb::new().await;
     let mut admin_a = a.connect().await;
@@ -402,8 +399,7 @@ async fn revoking_connect_scopes_a_sweeper_host_to_one_database() {
 }
 
 #[tokio::test]
-async fn check_warns_when_definer_functions_are_owned_by_a_superuser_and_not_when_a_dedicated_owner_migrated()
- {
+async fn check_warns_on_superuser_owned_definers() {
     let statsd = StatsdCapture::start().await;
     let su = TestDb::new().await;
     let report = lease_sweeper::testing::check::preflight(&su.target(), &statsd.target()).await;

@@ -4,8 +4,8 @@
 //! role that may create in `public` cannot get its overloads run inside the
 //! definer functions (`search_path` is pinned).
 //!
-//! Owns none of what apply reaps (jobs_sql_apply) or the gates
-//! (jobs_sql_gates).
+//! Owns none of what apply reaps (jobs::apply) or the gates
+//! (jobs::gates).
 
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -20,7 +20,7 @@ async fn json_of(conn: &mut PgConnection, sql: &'static str) -> Value {
 }
 
 #[tokio::test]
-async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_reroute_it() {
+async fn apply_role_cannot_mutate_or_redefine() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
     let login = LoginRole::with_password(&db, &mut owner, "reaper", "reaper-pw", "").await;
@@ -126,7 +126,7 @@ async fn an_unprivileged_role_can_call_apply_but_cannot_mutate_redefine_or_rerou
 }
 
 #[tokio::test]
-async fn a_role_that_may_create_in_public_cannot_run_its_overloads_inside_the_definer_functions() {
+async fn public_overloads_never_run_in_definers() {
     let db = TestDb::new().await;
     let mut owner = db.connect().await;
     let login = LoginRole::with_password(&db, &mut owner, "creator", "creator-pw", "").await;

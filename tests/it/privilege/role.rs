@@ -4,7 +4,7 @@
 //! else (create, renew, steal, forge, change gates, delete or lock a live
 //! lease); its migration says when CREATEROLE is missing and survives many
 //! databases migrating at once. That the SECURITY DEFINER functions cannot
-//! be hijacked is `privilege_definer_hijack`.
+//! be hijacked is `privilege::definer_hijack`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_takeovers_and_jobs() {
+async fn granted_login_role_sweeps_everything() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "sweeper", GRANTED).await;
@@ -86,7 +86,7 @@ async fn the_daemon_run_as_a_login_role_granted_lease_sweeper_sweeps_leases_take
 }
 
 #[tokio::test]
-async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
+async fn granted_login_role_passes_preflight() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "preflight", GRANTED).await;
@@ -110,7 +110,7 @@ async fn the_preflight_passes_for_a_login_role_granted_lease_sweeper() {
 }
 
 #[tokio::test]
-async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_nothing_more() {
+async fn holds_exactly_documented_privileges() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
 
@@ -271,7 +271,7 @@ async fn the_lease_sweeper_role_holds_exactly_its_documented_privileges_and_noth
 }
 
 #[tokio::test]
-async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_change_gates() {
+async fn cannot_create_renew_steal_or_gate() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "limited", GRANTED).await;
@@ -343,8 +343,7 @@ async fn a_login_role_granted_lease_sweeper_cannot_create_renew_steal_forge_or_c
 }
 
 #[tokio::test]
-async fn a_login_role_granted_lease_sweeper_cannot_delete_release_or_lock_a_live_lease_only_reap_expired_ones()
- {
+async fn reaps_only_expired_leases() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     let login = LoginRole::create(&db, &mut admin, "nodelete", GRANTED).await;
@@ -402,8 +401,7 @@ async fn migrate_as(
 }
 
 #[tokio::test]
-async fn the_role_migration_names_createrole_when_missing_and_survives_many_databases_migrating_at_once()
- {
+async fn migration_names_createrole_survives_concurrency() {
     // A cluster of its own, so `lease_sweeper` does not exist yet.
     let (pg, mut admin) = own_cluster(
         &[],

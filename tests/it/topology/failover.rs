@@ -2,8 +2,8 @@
 //! promoted standby without a restart and loses no expiry, and a standby
 //! alone deletes nothing and says why once.
 //!
-//! It does not cover TLS or how the target is read (`topology_tls`,
-//! `topology_libpq`). The test prints its `FIGURES` line (`--nocapture`) for
+//! It does not cover TLS or how the target is read (`topology::tls`,
+//! `topology::libpq`). The test prints its `FIGURES` line (`--nocapture`) for
 //! docs/topologies.md.
 
 use std::time::{Duration, Instant};
@@ -38,8 +38,7 @@ async fn wait_count(conn: &mut PgConnection, sql: &'static str, want: i64, what:
 }
 
 #[tokio::test]
-async fn a_multi_host_url_follows_a_promoted_standby_without_a_restart_and_a_standby_alone_deletes_nothing()
- {
+async fn follows_promoted_standby_standby_deletes_nothing() {
     let (p1, p2) = (free_port(), free_port());
     let primary = blocking(move || {
         ThrowawayPg::start_tcp(

@@ -3,8 +3,8 @@
 //! is where a connection goes while the host name is what the password file
 //! is matched with.
 //!
-//! It does not cover TLS (`topology_tls`) or multi-host failover
-//! (`topology_failover`).
+//! It does not cover TLS (`topology::tls`) or multi-host failover
+//! (`topology::failover`).
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use crate::support::{
 use crate::topology::support::{lease_keys, sbin, server_of, unprivileged};
 
 #[tokio::test]
-async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
+async fn no_url_connects_by_libpq_defaults() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let (server, server_port, _) = server_of(&db.url);
@@ -107,7 +107,7 @@ async fn without_a_url_the_daemon_connects_as_the_os_user_by_libpqs_defaults() {
 /// up: a `.invalid` name cannot resolve), and the host name is what the
 /// password file is matched with, as in libpq.
 #[tokio::test]
-async fn hostaddr_is_connected_to_and_the_password_file_is_matched_by_the_host_name() {
+async fn hostaddr_connected_passfile_by_host() {
     use lease_sweeper::testing::config::DbTarget;
     use lease_sweeper::testing::conn::connect;
     const PASSWORD: &str = "Hostaddr-S3cret-pw";

@@ -5,7 +5,7 @@
 //! exactly once and nothing fails.
 //!
 //! It owns the control clients and running one-shot commands; PgBouncer
-//! itself is started by `topology_support`. Each test prints its `FIGURES`
+//! itself is started by `topology::support`. Each test prints its `FIGURES`
 //! line (`--nocapture`) for docs/topologies.md.
 
 use std::sync::Arc;
@@ -115,8 +115,7 @@ async fn control_client(
 }
 
 #[tokio::test]
-async fn pgbouncer_transaction_mode_with_fewer_server_connections_than_clients_reports_every_expiry_once()
- {
+async fn transaction_mode_reports_each_expiry_once() {
     const ROUNDS: usize = 5;
     const PER_ROUND: i64 = 40;
     const JOBS: i64 = 30;
@@ -319,7 +318,7 @@ async fn run_cli(args: &[&str], url: &str, statsd_port: &str) -> (Option<i32>, S
 }
 
 #[tokio::test]
-async fn pgbouncer_session_mode_runs_migrate_check_and_two_daemons() {
+async fn session_mode_runs_migrate_check_daemons() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     let (server, server_port, user) = server_of(&db.url);

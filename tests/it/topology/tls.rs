@@ -3,8 +3,8 @@
 //! in a `cert`-only role, and a wrong CA, a wrong host name or a missing
 //! client certificate is refused, each named, never with the password.
 //!
-//! It does not cover how the target is read without a URL (`topology_libpq`).
-//! The certificates come from `topology_support`.
+//! It does not cover how the target is read without a URL (`topology::libpq`).
+//! The certificates come from `topology::support`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,8 +19,7 @@ use crate::support::{
 use crate::topology::support::{Certs, assert_each_once, lease_keys, unprivileged};
 
 #[tokio::test]
-async fn verify_full_tls_with_the_tests_ca_sweeps_and_a_wrong_ca_or_host_name_is_refused_without_the_password()
- {
+async fn verify_full_sweeps_wrong_ca_or_host_refused() {
     const PASSWORD: &str = "Tls-S3cret-pw";
     let certs = Certs::make(unprivileged());
     let port = free_port();

@@ -4,10 +4,10 @@
 //! one claim, clearing a kind's duration, and heartbeats that follow a
 //! changed duration.
 //!
-//! Owns none of setting a duration (job_lease_duration_setter), bad
-//! overrides (job_lease_duration_overrides), the reaper's use of what each
-//! job was given (job_lease_duration_reaper) or the `leases` command
-//! (job_lease_duration_cli).
+//! Owns none of setting a duration (jobs::lease_duration::setter), bad
+//! overrides (jobs::lease_duration::overrides), the reaper's use of what each
+//! job was given (jobs::lease_duration::reaper) or the `leases` command
+//! (jobs::lease_duration::cli).
 
 use std::collections::HashMap;
 
@@ -39,8 +39,7 @@ async fn heartbeat(conn: &mut PgConnection, id: &str, worker: &str) -> Option<(f
 }
 
 #[tokio::test]
-async fn one_claim_of_mixed_kinds_leases_each_job_for_its_override_else_its_kind_else_the_default()
-{
+async fn override_else_kind_else_default() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_setting(&mut conn, SUBSTRATE, "true").await;
@@ -81,7 +80,7 @@ async fn one_claim_of_mixed_kinds_leases_each_job_for_its_override_else_its_kind
 }
 
 #[tokio::test]
-async fn clearing_a_kinds_duration_returns_its_next_leases_to_the_default() {
+async fn cleared_kind_returns_to_default() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_setting(&mut conn, SUBSTRATE, "true").await;
@@ -125,7 +124,7 @@ async fn clearing_a_kinds_duration_returns_its_next_leases_to_the_default() {
 }
 
 #[tokio::test]
-async fn heartbeats_extend_each_job_by_its_own_duration_and_follow_a_changed_kind_duration() {
+async fn heartbeats_extend_by_own_duration() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_setting(&mut conn, SUBSTRATE, "true").await;

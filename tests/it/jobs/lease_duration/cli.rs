@@ -3,7 +3,7 @@
 //! it exits 0, 1 or 2 and prints refusals, and JSON for scripts.
 //!
 //! Owns none of the setter's own refusals and audit
-//! (job_lease_duration_setter).
+//! (jobs::lease_duration::setter).
 
 use std::process::ExitCode;
 
@@ -32,8 +32,7 @@ fn set(kind: &str, seconds: i32) -> Option<LeasesCommand> {
 }
 
 #[tokio::test]
-async fn leases_shows_each_kinds_duration_and_who_set_it_as_a_table_and_as_json_and_sets_and_clears()
- {
+async fn shows_sets_and_clears() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
 
@@ -160,7 +159,7 @@ async fn leases_shows_each_kinds_duration_and_who_set_it_as_a_table_and_as_json_
 }
 
 #[tokio::test]
-async fn the_leases_binary_exits_0_1_or_2_and_prints_refusals_and_json_for_scripts() {
+async fn binary_exit_codes_and_json() {
     let db = TestDb::new().await;
     let json =
         |s: &str| -> Value { serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s:?}")) };

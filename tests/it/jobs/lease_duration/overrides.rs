@@ -3,7 +3,7 @@
 //! over rows that break it fails naming them (and the fix works), and
 //! enqueue's new metadata argument keeps every old call and grant.
 //!
-//! Owns none of the leases an override gives (job_lease_duration_claims).
+//! Owns none of the leases an override gives (jobs::lease_duration::claims).
 
 use serde_json::json;
 
@@ -19,7 +19,7 @@ const BEFORE_LEASE_DURATIONS: i64 = 20261130000400;
 const OVERRIDE_RULE: &str = "job_queue_lease_override_sec_whole_from_1_to_86400";
 
 #[tokio::test]
-async fn a_bad_lease_override_is_refused_at_the_door_by_a_named_constraint_naming_the_job() {
+async fn bad_override_refused_naming_job() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let id = enqueue(&mut conn, "email", json!({})).await;
@@ -99,7 +99,7 @@ async fn a_bad_lease_override_is_refused_at_the_door_by_a_named_constraint_namin
 }
 
 #[tokio::test]
-async fn migrating_a_database_holding_bad_overrides_fails_naming_them_and_the_fix_works() {
+async fn migration_over_bad_overrides_names_fix() {
     let db = TestDb::empty().await;
     let mut conn = db.connect().await;
     migrate_to(&mut conn, BEFORE_LEASE_DURATIONS).await;
@@ -169,8 +169,7 @@ async fn migrating_a_database_holding_bad_overrides_fails_naming_them_and_the_fi
 }
 
 #[tokio::test]
-async fn enqueue_takes_metadata_and_keeps_every_call_and_every_grant_it_had_and_claimers_keep_claiming()
- {
+async fn enqueue_keeps_calls_and_grants() {
     let db = TestDb::empty().await;
     let mut admin = db.connect().await;
     migrate_to(&mut admin, BEFORE_LEASE_DURATIONS).await;

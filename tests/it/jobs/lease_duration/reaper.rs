@@ -3,8 +3,8 @@
 //! kind's jobs claimed with them stay leased, and the dry run reports what
 //! each stale job was given and where it came from.
 //!
-//! Owns none of the reaper's own behaviour (jobs_sql_apply, jobs_daemon) or
-//! which lease a claim gives (job_lease_duration_claims).
+//! Owns none of the reaper's own behaviour (jobs::apply, jobs::daemon) or
+//! which lease a claim gives (jobs::lease_duration::claims).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,8 +19,7 @@ use crate::support::{
 };
 
 #[tokio::test]
-async fn the_daemon_reaps_a_short_leased_kinds_stale_jobs_while_a_long_leased_kinds_jobs_claimed_with_them_stay_leased()
- {
+async fn reaps_short_kind_keeps_long_kind() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
@@ -81,7 +80,7 @@ async fn the_daemon_reaps_a_short_leased_kinds_stale_jobs_while_a_long_leased_ki
 }
 
 #[tokio::test]
-async fn the_dry_run_reports_what_each_stale_job_was_given_and_where_it_came_from() {
+async fn dry_run_reports_duration_source() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_setting(&mut conn, SUBSTRATE, "true").await;

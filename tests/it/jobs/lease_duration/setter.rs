@@ -3,8 +3,8 @@
 //! nothing, every change is audited whoever makes it, and only a role
 //! granted the setter may set a duration, and only through it.
 //!
-//! Owns none of the leases a duration gives (job_lease_duration_claims) or
-//! the `leases` command (job_lease_duration_cli).
+//! Owns none of the leases a duration gives (jobs::lease_duration::claims) or
+//! the `leases` command (jobs::lease_duration::cli).
 
 use sqlx::PgConnection;
 
@@ -42,7 +42,7 @@ async fn assert_denied(conn: &mut PgConnection, sql: &str) {
 }
 
 #[tokio::test]
-async fn every_bad_kind_duration_is_refused_with_22023_naming_the_bad_part_and_changes_nothing() {
+async fn bad_duration_refused_with_22023() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     set_kind(&mut conn, "email", Some(60), "alice").await;
@@ -124,7 +124,7 @@ async fn every_bad_kind_duration_is_refused_with_22023_naming_the_bad_part_and_c
 }
 
 #[tokio::test]
-async fn every_change_of_a_kind_duration_is_audited_whoever_makes_it() {
+async fn every_change_audited() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     let who = session_user(&mut conn).await;
@@ -171,7 +171,7 @@ async fn every_change_of_a_kind_duration_is_audited_whoever_makes_it() {
 }
 
 #[tokio::test]
-async fn only_a_role_granted_the_setter_may_set_a_kind_duration_and_only_through_it() {
+async fn only_granted_role_sets_through_it() {
     let db = TestDb::new().await;
     let mut admin = db.connect().await;
     set_kind(&mut admin, "email", Some(60), "alice").await;
