@@ -2,7 +2,8 @@
 //! StatsD listener and the real binary.
 //!
 //! When `DATABASE_URL` is set, every test creates its own database on that
-//! server (and drops it afterwards). Otherwise this test binary starts one
+//! server (and drops it afterwards), copied from a template migrated once and
+//! kept there for the next run. Otherwise this test binary starts one
 //! throwaway cluster (as the `postgres` user when run as root), shared by all
 //! its tests and removed at exit.
 
