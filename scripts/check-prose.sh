@@ -11,9 +11,9 @@
 # (scripts/lib/check_prose.py says exactly what is checked).
 #
 # Two tests finish the job where a database or the binary is needed:
-# `check_command::the_check_help_sample_counts_what_check_runs` (the help's number
+# `check::command::help_sample_counts_what_check_runs` (the help's number
 # of checks against a real run) and
-# `man::the_committed_man_pages_match_the_command_line` (man/ against the CLI).
+# `cli::man::committed_pages_match_the_cli` (man/ against the CLI).
 #
 # Usage: scripts/check-prose.sh    exit 0 when nothing is found, 1 otherwise.
 # First it proves its figure check can fail: it plants drifts in a scratch

@@ -8,12 +8,12 @@
 //! EXIT STATUS, SEE ALSO) because operators read them on hosts without the
 //! docs; the long forms live in docs/operations.md and docs/metrics-and-logs.md.
 //! The manual pages in man/ are generated from these definitions (the test
-//! `man::the_committed_man_pages_match_the_command_line` keeps them equal).
+//! `cli::man::committed_pages_match_the_cli` keeps them equal).
 
 use clap::{Args, Parser, Subcommand};
 
 /// One row of the environment table, the same facts as README.md's table
-/// (the test `cli_output::the_help_environment_is_readmes_table` compares
+/// (the test `cli::output::help_environment_is_readmes_table` compares
 /// them: names, meaning with Markdown dropped, default), plus which commands
 /// read it, so each page lists only its own.
 #[derive(Debug, Clone, Copy)]
@@ -200,7 +200,7 @@ fn top_help() -> String {
 /// on the line's start, because a lock key, owner or job kind may carry the
 /// same text inside a quoted value later in its own line (an unanchored
 /// filter lets a hostile key inflate the count). README.md shows the same
-/// (`cli_output::the_help_log_filter_is_readmes`).
+/// (`cli::output::help_log_filter_is_readmes`).
 pub const LEASE_EXPIRED_FILTER: &str = r"^ts=\S+ level=warn message=lease_expired ";
 
 /// Where `RUN_HEAD` shows `LEASE_EXPIRED_FILTER`.

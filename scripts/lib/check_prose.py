@@ -15,16 +15,17 @@ Owns the checks that need no database and no build, each finding printed as
              JSON), man/ and the `//!` docs of src/; a `#anchor` that names no
              heading of the linked page;
   names      `module::name` in README.md or docs/*.md, where `module` is a
-             test module (tests/it/<module>.rs) or a module of src/, naming
+             test module (tests/it/<module>/mod.rs) or a module of src/, naming
              no function or item there, or a test-like name under a module
              that does not exist (a renamed or split test file); a bare
              test-like name (`a_b_c_d_e`, four underscores or more) that
              appears nowhere in the code;
   modules    in the same texts, a `module::item` path (`pg::conn::BEGIN_GUARDED`,
-             `crate::sweep::run`) whose first part is neither a module of src/
-             or tests/it nor a crate, or whose item its module does not
-             define; in a `//!` doc, a module said to own or do something
-             ("(`sweeper` does)") that src/ does not have;
+             `crate::sweep::run`, a test's `locks::sweep::backlog_drained_in_one_sweep`)
+             whose first part is neither a module of src/ or tests/it nor a
+             crate, or whose item its module does not define; in a `//!` doc,
+             a module said to own or do something ("(`sweeper` does)") that
+             src/ does not have;
   env        an environment variable src/ reads (`env::var("X")`,
              `env::var_os(CONST)` with `const CONST: &str = "X"`, clap's
              `env = "X"`) that README.md's environment table does not list;
@@ -36,7 +37,7 @@ Owns the checks that need no database and no build, each finding printed as
              whose migration count or latest migration differs from
              migrations/, or whose number of checks differs from the one in
              `check --help` (itself compared with a real run of `check` by
-             the test `check_command::the_check_help_sample_counts_what_check_runs`);
+             the test `check::command::help_sample_counts_what_check_runs`);
   figures    a figure with a named home stated elsewhere with another value:
              a numeric constant of src/ or crates/*/src (`BATCH_SIZE`,
              `DRAIN_GRACE`) named next to a number (`BATCH_SIZE` (4,000),
@@ -61,7 +62,7 @@ Owns the checks that need no database and no build, each finding printed as
 
 It does not judge style or truth beyond these facts, and it does not run the
 binary (the man pages are compared with the CLI by the test
-`man::the_committed_man_pages_match_the_command_line`).
+`cli::man::committed_pages_match_the_cli`).
 
 Usage: check_prose.py [REPO] [--only CHECK,…]   exit 0 when nothing is found, 1 otherwise.
        check_prose.py [REPO] --self-test        plant drifts in a scratch copy; exit 1 unless each is found.
@@ -104,7 +105,7 @@ OUTSIDE = re.compile(
 OUTSIDE_FIX = "say the thing itself (what was measured, decided or asked), not where it was written"
 
 # The test that compares `check --help` with a real run of `check`.
-CHECK_COUNT_TEST = "cargo test --test it check_command::the_check_help_sample_counts_what_check_runs"
+CHECK_COUNT_TEST = "cargo test --test it check::command::help_sample_counts_what_check_runs"
 
 findings = []
 
@@ -272,16 +273,28 @@ ITEM_RE = r"(?:fn|const|static|struct|enum|trait|type|mod|macro_rules!)\s+{}\b"
 
 
 def module_files():
-    """src module name -> its files; tests/it module name -> its file."""
+    """src module name -> its files; tests/it module path (`locks::sweep`,
+    `locks` for locks/mod.rs) -> its file."""
     src, tests = {}, {}
     for p in (ROOT / "src").rglob("*.rs"):
         name = p.parent.name if p.name == "mod.rs" else p.stem
         src.setdefault(name, []).append(p)
         if p.name == "mod.rs":
             src[name] += [q for q in p.parent.glob("*.rs") if q.name != "mod.rs"]
-    for p in (ROOT / "tests" / "it").glob("*.rs"):
-        tests[p.stem] = p
+    it = ROOT / "tests" / "it"
+    for p in it.rglob("*.rs"):
+        parts = p.relative_to(it).with_suffix("").parts
+        if parts == ("main",):
+            continue
+        tests["::".join(parts[:-1] if parts[-1] == "mod" else parts)] = p
     return src, tests
+
+
+def test_defines(node, name):
+    """Whether a test module defines `name`; a mod.rs also through the files
+    beside it, whose items it may re-export (`support::Daemon`)."""
+    files = [node] + (sorted(node.parent.glob("*.rs")) if node.name == "mod.rs" else [])
+    return any(re.search(ITEM_RE.format(re.escape(name)), read(q)) for q in files)
 
 
 NAME_RE = re.compile(r"`([a-z_][a-z0-9_]*)::([a-z_][a-z0-9_]*)`")
@@ -303,17 +316,17 @@ def check_names():
                     # renamed or split test file); other `a::b` paths are
                     # another crate's (`serde_json::from_str`).
                     if BARE_RE.fullmatch(f"`{name}`"):
-                        homes = sorted(stem for stem, p in tests.items()
+                        homes = sorted(path for path, p in tests.items()
                                        if re.search(r"\bfn " + re.escape(name) + r"\b", read(p)))
                         find(rel(f), no,
                              f"names `{module}::{name}`, but there is no module `{module}`"
-                             + (f"; that test is in tests/it/{homes[0]}.rs" if homes else ""),
+                             + (f"; that test is in {rel(tests[homes[0]])}" if homes else ""),
                              f"write `{homes[0]}::{name}`" if homes
                              else "use the current name of the test, or drop the reference")
                     continue
                 item = re.compile(ITEM_RE.format(re.escape(name)))
                 places = ([tests[module]] if module in tests else []) + src.get(module, [])
-                if not any(item.search(read(p)) for p in places):
+                if not (module in tests and test_defines(tests[module], name)) and not any(item.search(read(p)) for p in places):
                     where = ", ".join(rel(p) for p in places)
                     find(rel(f), no, f"names `{module}::{name}`, which is no function or item of {where}",
                          "use the current name (grep -rn 'fn NAME' tests/ src/), or drop the reference")
@@ -414,14 +427,20 @@ def check_module_paths():
                     continue
                 if first in known and first != "lease_sweeper":
                     continue
-                # A test module (tests/it/sweep.rs) may share its name with a
-                # src module (src/sweep/): either may hold the item.
-                if first in tests and len(rest) == 1 and re.search(ITEM_RE.format(re.escape(rest[0])), read(tests[first])):
+                # A test's path (`locks::sweep::NAME`, tests/it/locks/sweep.rs)
+                # may start like a src module's (src/cmd/jobs/ beside
+                # tests/it/jobs/): either may hold the item.
+                test_module = "::".join([first] + rest[:-1])
+                if test_module in tests and test_defines(tests[test_module], rest[-1]):
+                    continue
+                if test_module in tests and not (module_nodes(first) and resolve(first, rest) is None):
+                    find(rel(f), no, f"names `{m.group(0).strip('`')}`, which is no function or item of {rel(tests[test_module])}",
+                         "use the current name (grep -rn 'fn NAME' tests/), or drop the reference")
                     continue
                 if not module_nodes(first):
                     if first in tests:
-                        find(rel(f), no, f"names `{m.group(0).strip('`')}`, which is no function or item of {rel(tests[first])}",
-                             "use the current name (grep -rn 'fn NAME' tests/), or drop the reference")
+                        find(rel(f), no, f"names `{m.group(0).strip('`')}`, which is no module or item of tests/it/{first}/",
+                             "use the current path (ls -R tests/it), or drop the reference")
                     elif first not in PRIMITIVES and not (ROOT / "tests" / "it" / first).is_dir():
                         find(rel(f), no, f"names `{m.group(0).strip('`')}`, but src/ has no module `{first}` and no crate is called that",
                              "use the module's current path (ls src/), or drop the reference")

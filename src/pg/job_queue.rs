@@ -31,7 +31,7 @@ pub const APPLY_HANDED_OFF: &str =
 /// Built-ins are `pg_catalog.`-qualified: `gates` is often run by a
 /// superuser, and an unqualified `jsonb_agg` or `jsonb_build_object` resolves
 /// to a better-matching overload any role with CREATE on `public` may plant
-/// (tests/it/holes.rs).
+/// (tests/it/privilege/holes.rs).
 pub const SHOW_GATES: &str = "
 SELECT pg_catalog.jsonb_build_object(
            'settings', coalesce((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(

@@ -1,6 +1,11 @@
 //! The PostgreSQL the tests run against: one throwaway cluster per test
 //! binary (or the server `DATABASE_URL` names), a database per test, and the
 //! statements tests plant rows and read counts with.
+//!
+//! A migrated test database is a copy of a template migrated once per
+//! server and set of migrations (`CREATE DATABASE … TEMPLATE`), not a fresh
+//! run of every migration; a test that needs an empty or partly migrated
+//! database asks for `TestDb::empty` and migrates it itself.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,6 +18,20 @@ use sqlx::{Connection as _, PgConnection};
 static CLUSTER: OnceLock<Mutex<ThrowawayPg>> = OnceLock::new();
 static ADMIN_URL: OnceLock<String> = OnceLock::new();
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+static TEMPLATE: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+
+/// The start of the template database's name; the rest is
+/// `migrations_hash`, so a changed or added migration gets a template of its
+/// own, and test processes of different trees sharing one `DATABASE_URL`
+/// server never use each other's. A template stays on such a server for the
+/// next run (`DROP DATABASE` it once its migrations are gone).
+const TEMPLATE_PREFIX: &str = "lease_sweeper_template_";
+
+/// The session advisory lock (in the admin database) under which one test
+/// process at a time checks for the template and builds it; an arbitrary
+/// constant no other user of the lock space is expected to take, paired
+/// with the template's hash.
+const TEMPLATE_LOCK: i32 = 0x6c73_7470; // "lstp"
 
 extern "C" fn destroy_cluster() {
     if let Some(cluster) = CLUSTER.get()
@@ -41,42 +60,121 @@ fn admin_url() -> &'static str {
     })
 }
 
-/// A fresh, migrated database for one test.
+/// FNV-1a (64 bits) over every bundled migration's version and checksum
+/// (itself a SHA-384 of its SQL), in hex: the same for the same migrations in
+/// every process and build, different as soon as one changes.
+fn migrations_hash() -> String {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0100_0000_01b3;
+    let mut hash = FNV_OFFSET;
+    for migration in lease_sweeper::testing::migrate::MIGRATOR.iter() {
+        for byte in migration
+            .version
+            .to_le_bytes()
+            .iter()
+            .chain(migration.checksum.iter())
+        {
+            hash = (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// The URL of database `name` on the admin database's server.
+fn url_of(name: &str) -> String {
+    let mut url = url::Url::parse(admin_url()).expect("admin URL parses");
+    url.set_path(&format!("/{name}"));
+    url.to_string()
+}
+
+/// The name of the migrated template, built on first use. Within this
+/// process the once-cell runs one build; across processes sharing a server
+/// the advisory lock does, and a template is finished only once it is
+/// marked `IS_TEMPLATE` (a build a killed process left half done is dropped
+/// and redone). Connections to it are then refused, so nothing can hold it
+/// open while a test database is copied from it.
+async fn template() -> &'static str {
+    TEMPLATE
+        .get_or_init(|| async {
+            let name = format!("{TEMPLATE_PREFIX}{}", migrations_hash());
+            let mut admin = PgConnection::connect(admin_url())
+                .await
+                .expect("connecting to the admin database");
+            sqlx::query("SELECT pg_advisory_lock($1, hashtext($2))")
+                .bind(TEMPLATE_LOCK)
+                .bind(&name)
+                .execute(&mut admin)
+                .await
+                .expect("taking the template's advisory lock");
+            let finished: Option<bool> =
+                sqlx::query_scalar("SELECT datistemplate FROM pg_database WHERE datname = $1")
+                    .bind(&name)
+                    .fetch_optional(&mut admin)
+                    .await
+                    .expect("looking for the template");
+            if finished != Some(true) {
+                if finished.is_some() {
+                    exec(&mut admin, &format!("DROP DATABASE {name} WITH (FORCE)")).await;
+                }
+                exec(&mut admin, &format!("CREATE DATABASE {name}")).await;
+                let mut conn = PgConnection::connect(&url_of(&name))
+                    .await
+                    .expect("connecting to the template");
+                lease_sweeper::testing::migrate::migrate(&mut conn)
+                    .await
+                    .expect("migrations apply");
+                conn.close()
+                    .await
+                    .expect("closing the template's connection");
+                exec(
+                    &mut admin,
+                    &format!("ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false IS_TEMPLATE true"),
+                )
+                .await;
+            }
+            sqlx::query("SELECT pg_advisory_unlock($1, hashtext($2))")
+                .bind(TEMPLATE_LOCK)
+                .bind(&name)
+                .execute(&mut admin)
+                .await
+                .expect("releasing the template's advisory lock");
+            name
+        })
+        .await
+}
+
+/// A fresh database for one test, dropped with it on a server of one's own.
 pub struct TestDb {
     pub url: String,
     pub name: String,
 }
 
 impl TestDb {
-    /// Creates an empty database and applies the bundled migrations.
+    /// Creates a migrated database: a copy of the migrated template.
     pub async fn new() -> Self {
-        let db = Self::empty().await;
-        let mut conn = db.connect().await;
-        lease_sweeper::testing::migrate::migrate(&mut conn)
-            .await
-            .expect("migrations apply");
-        db
+        let template = template().await;
+        Self::create(&format!("TEMPLATE {template}")).await
     }
 
-    /// Creates an empty database (no schema).
+    /// Creates an empty database (no schema), for a test that migrates it
+    /// itself, in part or in full.
     pub async fn empty() -> Self {
-        let admin = admin_url().to_owned();
+        Self::create("").await
+    }
+
+    /// `CREATE DATABASE` with a fresh name and `options`.
+    async fn create(options: &str) -> Self {
         let name = format!(
             "lst_{}_{}",
             std::process::id(),
             NEXT_DB.fetch_add(1, Ordering::SeqCst)
         );
-        let mut conn = PgConnection::connect(&admin)
+        let mut conn = PgConnection::connect(admin_url())
             .await
             .expect("connecting to the admin database");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .expect("CREATE DATABASE");
-        let mut url = url::Url::parse(&admin).expect("admin URL parses");
-        url.set_path(&format!("/{name}"));
+        exec(&mut conn, &format!("CREATE DATABASE {name} {options}")).await;
         Self {
-            url: url.to_string(),
+            url: url_of(&name),
             name,
         }
     }

@@ -2,15 +2,17 @@
 //! StatsD listener and the real binary.
 //!
 //! When `DATABASE_URL` is set, every test creates its own database on that
-//! server (and drops it afterwards). Otherwise this test binary starts one
+//! server (and drops it afterwards), copied from a template migrated once and
+//! kept there for the next run. Otherwise this test binary starts one
 //! throwaway cluster (as the `postgres` user when run as root), shared by all
 //! its tests and removed at exit.
 
 //!
 //! One module per thing supported: `cluster` (the database), `roles`,
-//! `statsd`, `daemon` (the real binary) and `queue` (the gates); this file
-//! keeps what they all use: the one poll-until loop, temp dirs and tools.
-//! Everything is re-exported here, so tests name `crate::support::X`.
+//! `statsd`, `daemon` (the real binary), `queue` (the gates) and `bad_rows`
+//! (what both bad-row suites plant); this file keeps what they all use: the
+//! one poll-until loop, temp dirs and tools. Everything but `bad_rows` is
+//! re-exported here, so tests name `crate::support::X`.
 
 #![allow(dead_code)]
 
@@ -23,6 +25,8 @@ mod daemon;
 mod queue;
 mod roles;
 mod statsd;
+
+pub mod bad_rows;
 
 pub use cluster::*;
 pub use daemon::*;

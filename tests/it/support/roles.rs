@@ -15,7 +15,7 @@ pub struct LoginRole {
 impl LoginRole {
     /// `CREATE ROLE <db>_<suffix> LOGIN <options>`. The throwaway cluster
     /// trusts local connections, so the URL carries no password (see the
-    /// password test in `hostile` for real authentication).
+    /// password test in `faults::hostile` for real authentication).
     pub async fn create(
         db: &TestDb,
         admin: &mut PgConnection,

@@ -1,0 +1,501 @@
+//! `sweep_once` against a real database: the exactness of the signal.
+
+use std::collections::HashSet;
+
+use lease_sweeper::testing::events::EventLog;
+use lease_sweeper::testing::lock_store::PgLockStore;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
+use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::progress::Progress;
+use lease_sweeper::testing::sweep::run;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{StatsdCapture, TestDb, count, events, exec, fields, insert_expired};
+
+async fn sweeper(
+    db: &TestDb,
+    statsd: &StatsdCapture,
+) -> (
+    LockSweeper<PgLockStore>,
+    lease_sweeper::testing::events::MemoryLog,
+    Metrics,
+) {
+    let (log, lines) = EventLog::in_memory();
+    let metrics = Metrics::new(statsd.target());
+    (
+        LockSweeper::new(PgLockStore::new(db.target()), log, metrics.clone()),
+        lines,
+        metrics,
+    )
+}
+
+#[tokio::test]
+async fn n_expiries_n_lines_count_n() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "payout:acct-", 25, 3_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper
+        .sweep_once(&CancellationToken::new())
+        .await
+        .expect("sweep succeeds");
+    metrics.flush().await;
+
+    assert_eq!(outcome.swept, 25);
+    assert_eq!(outcome.taken_over, 0);
+    assert_eq!(outcome.held, Some(0));
+    let lines = log.lines();
+    assert_eq!(lines.len(), 25, "{lines:#?}");
+    let mut keys = HashSet::new();
+    for line in &lines {
+        let f = fields(line);
+        assert_eq!(f["level"], "warn");
+        assert_eq!(f["message"], "lease_expired");
+        assert_eq!(f["backend"], "pg");
+        assert_eq!(f["reapedBy"], "sweep");
+        assert!(f["token"].parse::<i64>().unwrap() > 0);
+        assert!(f["expiredAtMillis"].parse::<i64>().unwrap() > 1_700_000_000_000);
+        let overdue: i64 = f["overdueMillis"].parse().unwrap();
+        assert!(
+            (3_000..60_000).contains(&overdue),
+            "overdueMillis {overdue}"
+        );
+        assert!(f["ts"].ends_with('Z'));
+        keys.insert(f["lockKey"].clone());
+    }
+    assert_eq!(keys.len(), 25);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 25)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 25);
+    crate::support::wait_until(std::time::Duration::from_secs(5), "the gauge", || async {
+        statsd.gauge("lock.held.current", "#backend:pg").is_some()
+    })
+    .await;
+    assert_eq!(statsd.gauge("lock.held.current", "#backend:pg"), Some(0));
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+#[tokio::test]
+async fn live_leases_untouched_quiet_sweep_silent() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    for i in 0..10 {
+        let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'holder', 60000)")
+            .bind(format!("live-{i}"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert!(token.is_some());
+    }
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(
+        (outcome.swept, outcome.taken_over, outcome.held),
+        (0, 0, Some(10))
+    );
+    assert!(log.lines().is_empty(), "{:?}", log.lines());
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        10
+    );
+    crate::support::wait_until(std::time::Duration::from_secs(5), "the gauge", || async {
+        statsd.gauge("lock.held.current", "#backend:pg") == Some(10)
+    })
+    .await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        0,
+        "no counter line for zero"
+    );
+    assert!(
+        statsd
+            .lines()
+            .iter()
+            .all(|l| !l.starts_with("lock.lease.expired")),
+        "{:?}",
+        statsd.lines()
+    );
+}
+
+#[tokio::test]
+async fn backlog_drained_in_one_sweep() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 2 + 7;
+    insert_expired(&mut conn, "backlog-", n, 1_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(outcome.swept, n as u64);
+    assert_eq!(outcome.batches, 3);
+    assert_eq!(log.lines().len(), n as usize);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
+        .await;
+    assert_eq!(
+        statsd.counter("lock.lease.expired", "#backend:pg"),
+        n as u64
+    );
+}
+
+#[tokio::test]
+async fn three_sweepers_report_each_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "shared-", 10_000, 1_000).await;
+    let (mut a, log_a, m_a) = sweeper(&db, &statsd).await;
+    let (mut b, log_b, m_b) = sweeper(&db, &statsd).await;
+    let (mut c, log_c, m_c) = sweeper(&db, &statsd).await;
+    let token = CancellationToken::new();
+
+    let (ra, rb, rc) = tokio::join!(
+        a.sweep_once(&token),
+        b.sweep_once(&token),
+        c.sweep_once(&token)
+    );
+    for m in [m_a, m_b, m_c] {
+        m.flush().await;
+    }
+
+    let total = ra.unwrap().swept + rb.unwrap().swept + rc.unwrap().swept;
+    assert_eq!(total, 10_000);
+    let mut seen = HashSet::new();
+    for line in log_a
+        .lines()
+        .iter()
+        .chain(&log_b.lines())
+        .chain(&log_c.lines())
+    {
+        let key = fields(line)["lockKey"].clone();
+        assert!(seen.insert(key.clone()), "{key} reported twice");
+    }
+    assert_eq!(seen.len(), 10_000);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 10_000)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 10_000);
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+#[tokio::test]
+async fn takeover_reported_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let old: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'paused', 1)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    // Not a wait for sweeps: let the 1 ms lease expire so it can be stolen.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let new: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'thief', 60000)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(new > old);
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(
+        (outcome.swept, outcome.taken_over, outcome.held),
+        (0, 1, Some(1))
+    );
+    let lines = log.lines();
+    let expired = events(&lines, "lease_expired");
+    assert_eq!(expired.len(), 1, "{lines:?}");
+    assert_eq!(expired[0]["lockKey"], "invoice:42");
+    assert_eq!(expired[0]["token"], old.to_string());
+    assert_eq!(expired[0]["reapedBy"], "takeover");
+    assert_eq!(expired[0]["ownerId"], "paused");
+    assert!(expired[0]["overdueMillis"].parse::<i64>().unwrap() >= 1);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 1)
+        .await;
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+    // The new holder's lease is live and untouched; a renewal is not a takeover.
+    let renewed: bool = sqlx::query_scalar("SELECT lock_renew('invoice:42', $1, 60000)")
+        .bind(new)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(renewed);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn stealing_acquires_report_each_token_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let stop = CancellationToken::new();
+    let (log_a, log_b) = {
+        let (a, log_a, metrics_a) = sweeper(&db, &statsd).await;
+        let (b, log_b, metrics_b) = sweeper(&db, &statsd).await;
+        let progress = Progress::new(2);
+        tokio::spawn(run(a, metrics_a, progress.beat(0), stop.clone()));
+        tokio::spawn(run(b, metrics_b, progress.beat(1), stop.clone()));
+        (log_a, log_b)
+    };
+    // A lock server hammering 20 keys with 5 ms leases it never renews or
+    // releases: each lease is either swept or stolen, never both.
+    let mut conn = db.connect().await;
+    let mut issued = HashSet::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(2_500);
+    while std::time::Instant::now() < deadline {
+        for k in 0..20 {
+            let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'flaky', 5)")
+                .bind(format!("hot-{k}"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            issued.extend(token);
+        }
+        // Pacing, not a wait for sweeps: the 5 ms leases expire between
+        // rounds, so each round steals some and leaves the rest to sweep.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    crate::support::wait_until(
+        std::time::Duration::from_secs(10),
+        "every lease reported",
+        || {
+            let (a, b) = (log_a.clone(), log_b.clone());
+            let n = issued.len();
+            async move { a.lines().len() + b.lines().len() >= n }
+        },
+    )
+    .await;
+    stop.cancel();
+
+    let mut reported = HashSet::new();
+    let mut by_takeover = 0;
+    for line in log_a.lines().iter().chain(&log_b.lines()) {
+        let f = fields(line);
+        let token: i64 = f["token"].parse().unwrap();
+        assert!(reported.insert(token), "token {token} reported twice");
+        by_takeover += usize::from(f["reapedBy"] == "takeover");
+    }
+    assert_eq!(
+        reported, issued,
+        "every issued token reported once, none invented"
+    );
+    assert!(
+        by_takeover > 0,
+        "the race produced no takeover at all ({} leases)",
+        issued.len()
+    );
+}
+
+#[tokio::test]
+async fn late_release_still_reported() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let token: i64 = sqlx::query_scalar("SELECT lock_acquire('late', 'slow', 1)")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    // Not a wait for sweeps: let the 1 ms lease expire before its release.
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let released: bool = sqlx::query_scalar("SELECT lock_release('late', $1)")
+        .bind(token)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(!released, "an expired lease cannot be released");
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+    assert_eq!(
+        sweeper
+            .sweep_once(&CancellationToken::new())
+            .await
+            .unwrap()
+            .swept,
+        1
+    );
+    assert_eq!(
+        events(&log.lines(), "lease_expired")[0]["token"],
+        token.to_string()
+    );
+}
+
+#[tokio::test]
+async fn hostile_key_one_line_decodes_back() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let hostile = "tenant \"acme\"\nlevel=error message=lease_expired lockKey=forged\r\t\\ \u{1b}[31m \u{2028} ünï";
+    sqlx::query(
+        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ($1, $1, 7, now() - interval '1 s')",
+    )
+    .bind(hostile)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    let lines = log.lines();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let f = fields(&lines[0]);
+    assert_eq!(f["lockKey"], hostile);
+    assert_eq!(f["ownerId"], hostile);
+    assert_eq!(f["message"], "lease_expired");
+    assert_eq!(f["level"], "warn");
+    assert_eq!(f["token"], "7");
+}
+
+#[tokio::test]
+async fn statement_uses_expiry_index() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "k", 2_000, 1_000).await;
+    sqlx::query("ANALYZE lock_entry")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // The statement is the body of the definer function; explain that body.
+    let body: String =
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'lock_reap_expired_fast'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        body.replace("p_limit", "5000")
+            .replace("p_from", "'-infinity'::timestamptz")
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("lock_entry_expiry_idx"), "{plan}");
+    assert!(plan.contains("Tid"), "deletes by tuple id: {plan}");
+}
+
+#[tokio::test]
+async fn unwritable_batch_stays_handed_off() {
+    struct BrokenPipe;
+    impl std::io::Write for BrokenPipe {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "kept-", 12, 1_000).await;
+    let metrics = Metrics::new(statsd.target());
+    let mut broken = LockSweeper::new(
+        PgLockStore::new(db.target()),
+        EventLog::to_writer(Box::new(BrokenPipe)),
+        metrics.clone(),
+    );
+
+    let err = broken
+        .sweep_once(&CancellationToken::new())
+        .await
+        .unwrap_err();
+
+    assert!(err.to_string().contains("nothing lost"), "{err}");
+    // The leases were released before their lines were tried; their record
+    // is the hand-off, kept because its lines failed.
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) FROM lock_reap_handoff, unnest(lock_keys)"
+        )
+        .await,
+        12,
+        "no lease released without a record until its line"
+    );
+    // Past the grace any sweeper takes the hand-off over, as time passing
+    // would.
+    exec(
+        &mut conn,
+        "UPDATE lock_reap_handoff SET written_at = written_at - interval '1 minute'",
+    )
+    .await;
+    // A healthy sweeper then reports all twelve.
+    let (mut healthy, log, _) = sweeper(&db, &statsd).await;
+    assert_eq!(
+        healthy
+            .sweep_once(&CancellationToken::new())
+            .await
+            .unwrap()
+            .swept,
+        12
+    );
+    assert_eq!(log.lines().len(), 12);
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        0
+    );
+    // Exactly the healthy sweep's twelve: the failed batch counted none.
+    metrics.flush().await;
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", 12)
+        .await;
+    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 12);
+}
+
+#[tokio::test]
+async fn locked_lease_reaped_next_sweep() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    // The oldest lease is held locked by another session while a sweep
+    // drains a backlog of two full batches plus some: later batches resume
+    // past its deadline, so only the next sweep (which starts from the
+    // oldest again) can reap it.
+    insert_expired(&mut conn, "old-", 1, 60_000).await;
+    insert_expired(&mut conn, "bulk-", BATCH_SIZE as i64 * 2 + 10, 1_000).await;
+    let mut holder = db.connect().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = 'old-1' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    let first = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    assert_eq!(
+        first.swept,
+        BATCH_SIZE as u64 * 2 + 10,
+        "everything but the locked lease"
+    );
+    tx.rollback().await.unwrap();
+    let second = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(second.swept, 1);
+    let lines = log.lines();
+    assert_eq!(lines.len(), BATCH_SIZE * 2 + 11);
+    assert_eq!(fields(lines.last().unwrap())["lockKey"], "old-1");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
