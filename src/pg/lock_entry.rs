@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use sqlx::{FromRow, PgConnection};
+use time::OffsetDateTime;
 
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::pg::conn;
@@ -80,13 +81,14 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
 /// The backlog form of `REAP_EXPIRED`: deletes up to `$1` expired leases
 /// walking the heap from page `$2` in physical order (a TID range scan), for
 /// when most of the table has expired and the index order would visit pages
-/// at random (`lock_reap_expired_walk` in `migrations/`, which explains the
-/// page budget and the `next_page` it returns), hands them off the same way
-/// (`lock_reap_expired_walk_handed_off`) and returns them as arrays.
+/// at random (`lock_reap_walk` in `migrations/`, which explains the page
+/// budget, the ranges replicas split the heap by and the `next_page` it
+/// returns), hands them off the same way and returns them as arrays, with
+/// the deadlines as timestamps and the statement's clock (`reaped_at`), from
+/// which `walk_leases` derives both millisecond fields.
 pub const REAP_EXPIRED_WALK: &str = "
-SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
-       waiters
-  FROM lock_reap_expired_walk_handed_off($1, $2)";
+SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters
+  FROM lock_reap_walk($1, $2)";
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired, is any takeover recorded, and the
@@ -349,9 +351,43 @@ struct WalkRow {
     lock_keys: Option<Vec<String>>,
     owner_ids: Option<Vec<String>>,
     tokens: Option<Vec<i64>>,
-    expired_at_millis: Option<Vec<i64>>,
-    overdue_millis: Option<Vec<i64>>,
+    expires_at: Option<Vec<OffsetDateTime>>,
+    reaped_at: OffsetDateTime,
     waiters: i32,
+}
+
+/// Milliseconds from `from` to `to`, floored (negative when `to` is
+/// earlier): `lease_overdue_millis` in `migrations/`, and with the epoch as
+/// `from`, `lease_epoch_millis`. PostgreSQL's timestamps count whole
+/// microseconds, so this is exact.
+fn floor_millis(from: OffsetDateTime, to: OffsetDateTime) -> i64 {
+    let nanos = to.unix_timestamp_nanos() - from.unix_timestamp_nanos();
+    // |nanos| < 2^72 for any two timestamps PostgreSQL stores: the quotient
+    // fits an i64.
+    nanos.div_euclid(1_000_000) as i64
+}
+
+/// Zips a walk batch's arrays into leases, both millisecond fields derived
+/// from each deadline and the statement's clock.
+fn walk_leases(row: WalkRow) -> Result<Vec<ExpiredLease>, sqlx::Error> {
+    let expires_at = row.expires_at.unwrap_or_default();
+    let reaped_at = row.reaped_at;
+    let (expired, overdue) = expires_at
+        .iter()
+        .map(|&at| {
+            (
+                floor_millis(OffsetDateTime::UNIX_EPOCH, at),
+                floor_millis(at, reaped_at),
+            )
+        })
+        .unzip();
+    zip_leases(
+        row.lock_keys,
+        row.owner_ids,
+        row.tokens,
+        Some(expired),
+        Some(overdue),
+    )
 }
 
 /// One walk batch, handed off: the leases and the page the next batch starts
@@ -367,20 +403,15 @@ pub async fn reap_expired_walk(
         .bind(from_page)
         .fetch_one(conn)
         .await?;
-    let leases = zip_leases(
-        row.lock_keys,
-        row.owner_ids,
-        row.tokens,
-        row.expired_at_millis,
-        row.overdue_millis,
-    )?;
+    let (handoff_id, next_page) = (row.handoff_id, row.next_page);
+    let waiters = u32::try_from(row.waiters).unwrap_or(0);
     let batch = HandedOff {
-        handoff_id: row.handoff_id,
-        leases,
+        handoff_id,
+        leases: walk_leases(row)?,
         set_aside: Vec::new(),
-        waiters: u32::try_from(row.waiters).unwrap_or(0),
+        waiters,
     };
-    Ok((batch, row.next_page))
+    Ok((batch, next_page))
 }
 
 /// `SWEEP_PROBE`'s answer.
@@ -428,6 +459,27 @@ pub async fn held_count(
 mod tests {
     use super::*;
     use crate::sweep::SWEEP_DELAY;
+
+    /// The walk's millisecond fields floor as `lease_epoch_millis` and
+    /// `lease_overdue_millis` do, before 1970 too (the index path's
+    /// `lock_reap_expired` computes them in SQL; both paths write the same
+    /// line for the same lease).
+    #[test]
+    fn walk_millis_floor_like_the_sql() {
+        let micros = |us: i128| OffsetDateTime::from_unix_timestamp_nanos(us * 1_000).unwrap();
+        let epoch = OffsetDateTime::UNIX_EPOCH;
+        let at = micros(1_796_378_400_000_999);
+        assert_eq!(floor_millis(epoch, at), 1_796_378_400_000);
+        let before = micros(-500);
+        assert_eq!(floor_millis(epoch, before), -1, "floored, not truncated");
+        let reaped = micros(1_796_378_401_000_998);
+        assert_eq!(floor_millis(at, reaped), 999, "999.999 ms late");
+        assert_eq!(
+            floor_millis(reaped, at),
+            -1000,
+            "-999.999 ms floors to -1000"
+        );
+    }
 
     /// What docs/metrics-and-logs.md promises for `lock.held.current`: an
     /// acquisition or release is in every daemon's gauge within the max age

@@ -228,7 +228,7 @@ async fn batch_in_tx(
         Reap::Walk { from_page } => {
             let (batch, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
                 .await
-                .map_err(|e| BatchFailure::Query("lock_reap_expired_walk_handed_off", e))?;
+                .map_err(|e| BatchFailure::Query("lock_reap_walk", e))?;
             (batch, Some(next))
         }
         Reap::Takeovers => {

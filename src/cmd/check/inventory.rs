@@ -61,9 +61,10 @@ pub const EXPECTED: &[Object] = &[
     // (migrations/20261202000100_…).
     Object::Table("lock_reap_handoff"),
     Object::Function("lock_reap_expired_handed_off"),
-    Object::Function("lock_reap_expired_walk_handed_off"),
     Object::Function("lock_handoff_claim"),
     Object::Function("lock_handoff_recover"),
+    // The backlog walk without row locks (migrations/20261204000200_…).
+    Object::Function("lock_reap_walk"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -137,7 +138,7 @@ pub const GRANTS: &[Grant] = &[
         why: "the sweep deletes expired leases and records them in one call, so their row locks end before their lines are written",
     },
     Grant {
-        on: Object::Function("lock_reap_expired_walk_handed_off"),
+        on: Object::Function("lock_reap_walk"),
         privileges: &["EXECUTE"],
         why: "the sweep drains a backlog the same way, walking the heap",
     },

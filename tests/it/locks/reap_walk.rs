@@ -1,7 +1,9 @@
-//! The backlog walk (`lock_reap_expired_walk`): a backlog drained by walking
-//! the heap reports exactly the fields the database computes for each lease
+//! The backlog walk (`lock_reap_walk`): a backlog drained by walking the
+//! heap reports exactly the fields the database computes for each lease
 //! (integer milliseconds, deadlines before 1970 included), passes over live
-//! leases, and refuses bad arguments.
+//! leases and empty pages, splits the heap between walkers without either
+//! waiting, gives up at once on a row someone holds, and refuses bad
+//! arguments.
 
 use std::collections::HashMap;
 
@@ -11,7 +13,9 @@ use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
 use lease_sweeper::testing::metrics::Metrics;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{StatsdCapture, TestDb, assert_fails_with, count, events, exec};
+use crate::support::{
+    StatsdCapture, TestDb, assert_fails_with, count, events, exec, insert_expired,
+};
 
 #[tokio::test]
 async fn walk_reports_database_millis() {
@@ -83,9 +87,9 @@ async fn walk_refuses_bad_limit_or_page() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     for sql in [
-        "SELECT * FROM lock_reap_expired_walk(NULL, 0)",
-        "SELECT * FROM lock_reap_expired_walk(-5, 0)",
-        "SELECT * FROM lock_reap_expired_walk(10, NULL)",
+        "SELECT * FROM lock_reap_walk(NULL, 0)",
+        "SELECT * FROM lock_reap_walk(-5, 0)",
+        "SELECT * FROM lock_reap_walk(10, NULL)",
     ] {
         assert_fails_with(&mut conn, sql, "22023").await;
     }
@@ -142,18 +146,19 @@ async fn expired_behind_empty_pages(conn: &mut sqlx::PgConnection, empty_pages: 
 async fn walk_crosses_empty_pages_stops_at_sparse() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    // A limit of 100 walks 50 pages a range: 200 empty pages are four ranges.
-    expired_behind_empty_pages(&mut conn, 200, 300).await;
+    let range = count(&mut conn, "SELECT lock_walk_range_pages()").await;
+    // Empty pages over more than three ranges, then the backlog.
+    expired_behind_empty_pages(&mut conn, 3 * range + 8, 300).await;
     let (rows, next): (i64, i64) = sqlx::query_as(
-        "SELECT count(lock_key), max(next_page) FROM lock_reap_expired_walk(100, 0)",
+        "SELECT cardinality(lock_keys)::bigint, next_page FROM lock_reap_walk(100, 0)",
     )
     .fetch_one(&mut conn)
     .await
     .unwrap();
     assert_eq!(rows, 100, "a full batch from behind the empty pages");
     assert!(
-        next >= 200,
-        "it resumes where the batch stopped, not at page 50: {next}"
+        next >= 3 * range,
+        "it resumes where the batch stopped, past the empty pages: {next}"
     );
 
     // Live rows with one expired lease in a hundred: the range ends the walk.
@@ -167,13 +172,107 @@ async fn walk_crosses_empty_pages_stops_at_sparse() {
     )
     .await;
     let (rows, next): (i64, i64) = sqlx::query_as(
-        "SELECT count(lock_key), max(next_page) FROM lock_reap_expired_walk(100, 0)",
+        "SELECT coalesce(cardinality(lock_keys), 0)::bigint, next_page FROM lock_reap_walk(100, 0)",
     )
     .fetch_one(&mut conn)
     .await
     .unwrap();
     assert!(rows < 100, "a short batch from one sparse range: {rows}");
-    assert_eq!(next, 50, "the first page after the sparse range");
+    assert_eq!(next, range, "the first page after the sparse range");
+}
+
+/// Two walkers from the same page: the second skips the range the first
+/// holds instead of waiting for it, and no lease is taken by both.
+#[tokio::test]
+async fn walkers_split_ranges_without_waiting() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let range = count(&mut conn, "SELECT lock_walk_range_pages()").await;
+    exec(
+        &mut conn,
+        "ALTER TABLE lock_entry SET (autovacuum_enabled = off)",
+    )
+    .await;
+    // Expired leases over at least three ranges.
+    while count(
+        &mut conn,
+        "SELECT pg_relation_size('lock_entry') / current_setting('block_size')::bigint",
+    )
+    .await
+        < 3 * range
+    {
+        let n = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+        insert_expired(&mut conn, &format!("k{n}-"), 5_000, 1_000).await;
+    }
+    let total = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+
+    let mut first = db.connect().await;
+    let mut first_tx = first.begin().await.unwrap();
+    let taken_first: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(100, 0)")
+            .fetch_all(&mut *first_tx)
+            .await
+            .unwrap();
+    assert_eq!(taken_first.len(), 100);
+
+    // The second walker would wait for the first's deleted rows if it met
+    // them; its own lock_timeout would then fail it. It must not.
+    let mut second = db.connect().await;
+    let started = std::time::Instant::now();
+    let taken_second: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT lock_keys FROM lock_reap_walk(100, 0)")
+            .fetch_one(&mut second)
+            .await
+            .expect("the second walker skips the held range instead of waiting on its rows");
+    let taken_second = taken_second.unwrap_or_default();
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(45),
+        "the second walker did not wait: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        taken_second.len(),
+        100,
+        "a full batch from a range of its own"
+    );
+    let both: std::collections::HashSet<_> = taken_first.iter().chain(&taken_second).collect();
+    assert_eq!(both.len(), 200, "no lease taken by both walkers");
+
+    first_tx.commit().await.unwrap();
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        total - 200
+    );
+}
+
+/// A walk that meets a row another session holds gives up after its
+/// lock_timeout instead of waiting for that session, and takes nothing.
+#[tokio::test]
+async fn walk_gives_up_on_a_held_row() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "held-", 500, 1_000).await;
+    let mut holder = db.connect().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = 'held-250' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let started = std::time::Instant::now();
+    assert_fails_with(&mut conn, "SELECT * FROM lock_reap_walk(1000, 0)", "55P03").await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "it gave up after its lock_timeout: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        500
+    );
+    tx.rollback().await.unwrap();
 }
 
 #[tokio::test]
