@@ -101,20 +101,45 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1819767393 $$;
 REVOKE ALL ON FUNCTION lock_walk_lock_class() FROM PUBLIC;
 
+-- How many other sessions of this database are running a statement right
+-- now: the workload the sweeper shares the server with. A session holds a
+-- snapshot (backend_xmin) while its statement runs, or through a REPEATABLE
+-- READ transaction, and every role sees backend_xmin (the state column
+-- needs pg_read_all_stats). Sessions with the caller's application_name
+-- (the sweepers, their other services) are not counted, nor background
+-- workers (no user: autovacuum, which a drain itself sets off). The sweeper
+-- paces a backlog's drain while it sees any: it yields the server to them.
+CREATE FUNCTION lock_reap_busy() RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+    SELECT pg_catalog.count(*)::pg_catalog.int4
+      FROM pg_catalog.pg_stat_get_activity(NULL::pg_catalog.int4) AS a
+     WHERE a.backend_xmin IS NOT NULL
+       AND a.usesysid IS NOT NULL
+       AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+       AND a.application_name IS DISTINCT FROM pg_catalog.current_setting('application_name')
+$$;
+REVOKE ALL ON FUNCTION lock_reap_busy() FROM PUBLIC;
+
 -- One walk batch: up to p_limit expired leases (finite deadlines) in heap
 -- order from page p_from_page, in ranges no other walker holds, deleted,
 -- recorded in one hand-off row, committed by the caller. Returns one row:
 -- the hand-off's id (NULL when nothing was reaped), the page to go on from
 -- (-1: the end of the table), the batch as arrays (element i is one lease),
--- the statement's clock, and how many sessions wait on the batch's deleted
--- rows. The walk goes on past empty pages and ranges others hold; a range
+-- the statement's clock, how many sessions wait on the batch's deleted rows
+-- and how many others are running a statement (lock_reap_busy). The walk
+-- goes on past empty pages and ranges others hold; a range
 -- with fewer than two expired rows a page and more live rows than expired
 -- ones ends it, as in lock_reap_expired_walk (20261204000100): the batch
 -- comes back short with the page after that range, and the sweep goes on
 -- by the index.
 CREATE FUNCTION lock_reap_walk(p_limit integer, p_from_page bigint)
 RETURNS TABLE (handoff_id bigint, next_page bigint, lock_keys text[], owner_ids text[],
-               tokens bigint[], expires_at timestamptz[], reaped_at timestamptz, waiters integer)
+               tokens bigint[], expires_at timestamptz[], reaped_at timestamptz, waiters integer,
+               busy integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, public, pg_temp
 -- A known 5,000-element tuple-id array makes the planner prefer a
@@ -206,7 +231,7 @@ BEGIN
     END IF;
     IF pg_catalog.cardinality(v_doomed) = 0 THEN
         RETURN QUERY SELECT NULL::bigint, v_next, NULL::text[], NULL::text[], NULL::bigint[],
-                            NULL::timestamptz[], pg_catalog.now(), 0;
+                            NULL::timestamptz[], pg_catalog.now(), 0, lock_reap_busy();
         RETURN;
     END IF;
     -- The held count's snapshot, once: a deleted lease is subtracted when
@@ -245,12 +270,13 @@ BEGIN
     )
     -- The waiters are counted after the DELETE, on the one row.
     SELECT h.handoff_id, v_next, h.lock_keys, h.owner_ids, h.tokens, h.expires_at, h.reaped_at,
-           lock_reap_waiters()
+           lock_reap_waiters(), lock_reap_busy()
       FROM handed AS h;
     IF NOT FOUND THEN
         -- Every chosen row changed before the DELETE: nothing to hand off.
         RETURN QUERY SELECT NULL::bigint, v_next, NULL::text[], NULL::text[], NULL::bigint[],
-                            NULL::timestamptz[], pg_catalog.now(), lock_reap_waiters();
+                            NULL::timestamptz[], pg_catalog.now(), lock_reap_waiters(),
+                            lock_reap_busy();
     END IF;
 END
 $$;
@@ -288,7 +314,7 @@ REVOKE ALL ON FUNCTION lock_reap_walk(integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_reap_walk(integer, bigint) TO lease_sweeper;
 
 COMMENT ON FUNCTION lock_reap_walk(integer, bigint) IS
-'Deletes up to p_limit expired leases walking the heap from page p_from_page in ranges no other walker holds (advisory locks, no row locks; a row someone holds fails the call after lock_timeout), records them in one lock_reap_handoff row in the same transaction, and returns its id, the page to go on from (-1: the end), the batch as arrays with the statement''s clock, and how many sessions wait on its deleted rows. The sweeper commits, then claims the hand-off with lock_handoff_claim and writes its lines. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
+'Deletes up to p_limit expired leases walking the heap from page p_from_page in ranges no other walker holds (advisory locks, no row locks; a row someone holds fails the call after lock_timeout), records them in one lock_reap_handoff row in the same transaction, and returns its id, the page to go on from (-1: the end), the batch as arrays with the statement''s clock, how many sessions wait on its deleted rows and how many others are running a statement. The sweeper commits, then claims the hand-off with lock_handoff_claim and writes its lines. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 -- Follow the installing schema, as migrations/20261130000120_privilege_holes.sql
 -- asks of every later migration that creates a pinned definer (idempotent).

@@ -20,6 +20,21 @@ pub struct Reaped {
     /// Lock-server calls that were queued behind the batch when it ended: the
     /// sweep takes smaller batches while there are any.
     pub waiters: u32,
+    /// Other sessions running a statement when the batch ended (the workload
+    /// beside the sweeper; 0 when the backend cannot tell): the sweep paces
+    /// a backlog while there are any.
+    pub busy: u32,
+}
+
+/// When a reaping call writes its batch's lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lines {
+    /// Before the call returns: the daemon and the database take turns.
+    Now,
+    /// The backend may write them while it takes the next batch (in the
+    /// next `reap_expired`, or in `finish`): the daemon writes while the
+    /// database deletes, the fastest drain.
+    WithNextBatch,
 }
 
 /// A lock backend, as a sweep uses it.
@@ -32,12 +47,16 @@ pub struct Reaped {
 ///    leases are held (`PgLockStore` does); the returned value owns that
 ///    answer until the sweep ends.
 /// 2. `ExpiryStage::reap_expired`, called until a batch comes back short
-///    (fewer than its `limit`), then `into_takeovers`.
+///    (fewer than its `limit`) or the sweep stops early, then `finish`
+///    (which writes the lines a `Lines::WithNextBatch` call left), then
+///    `into_takeovers`.
 /// 3. `TakeoverStage::drain_takeovers`, called until a batch comes back
 ///    short, then `held_count`, which ends the sweep.
 ///
-/// A stage dropped early (an error, or a shutdown between batches) abandons
-/// the sweep; the next `begin_sweep` starts from nothing.
+/// A stage dropped early (an error) abandons the sweep; the next
+/// `begin_sweep` starts from nothing. A batch whose lines were still to be
+/// written then is recovered by a later sweep, of any replica, and reported
+/// once (`reapedBy=sweep`), only later.
 ///
 /// Each reaping call takes at most `limit` leases off the table and calls
 /// `report` with them before their last durable record is gone, so a crash
@@ -67,12 +86,21 @@ pub trait ExpiryStage: Send {
     type Takeovers: TakeoverStage;
 
     /// Deletes up to `limit` leases whose deadline has passed; how many it
-    /// took, for the drain rule, and whether lock-server calls waited on it.
+    /// took, for the drain rule, whether lock-server calls waited on it and
+    /// whether others were busy. Their lines are written as `lines` says;
+    /// the lines of a batch an earlier call left are written by this one.
     fn reap_expired(
         &mut self,
         limit: usize,
+        lines: Lines,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
+
+    /// Writes the lines of a batch still waiting for them; how many.
+    fn finish(
+        &mut self,
+        report: Report<'_, ExpiredLease>,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Ends the reaping of expired leases.
     fn into_takeovers(self) -> Self::Takeovers;

@@ -85,9 +85,10 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
 /// budget, the ranges replicas split the heap by and the `next_page` it
 /// returns), hands them off the same way and returns them as arrays, with
 /// the deadlines as timestamps and the statement's clock (`reaped_at`), from
-/// which `walk_leases` derives both millisecond fields.
+/// which `walk_leases` derives both millisecond fields, and `busy`: how many
+/// other sessions were running a statement (`lock_reap_busy`).
 pub const REAP_EXPIRED_WALK: &str = "
-SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters
+SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters, busy
   FROM lock_reap_walk($1, $2)";
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
@@ -191,6 +192,9 @@ pub struct HandedOff {
     pub set_aside: Vec<SetAsideLease>,
     /// Sessions that waited on the batch's row locks when it ended.
     pub waiters: u32,
+    /// Other sessions running a statement when it ended (walk batches; 0
+    /// for the index reap, which does not ask).
+    pub busy: u32,
 }
 
 /// `REAP_EXPIRED`'s one row: the batch as parallel arrays (NULL when empty).
@@ -288,6 +292,7 @@ pub async fn reap_expired(
         leases,
         set_aside,
         waiters: u32::try_from(row.waiters).unwrap_or(0),
+        busy: 0,
     })
 }
 
@@ -354,6 +359,7 @@ struct WalkRow {
     expires_at: Option<Vec<OffsetDateTime>>,
     reaped_at: OffsetDateTime,
     waiters: i32,
+    busy: i32,
 }
 
 /// Milliseconds from `from` to `to`, floored (negative when `to` is
@@ -405,11 +411,13 @@ pub async fn reap_expired_walk(
         .await?;
     let (handoff_id, next_page) = (row.handoff_id, row.next_page);
     let waiters = u32::try_from(row.waiters).unwrap_or(0);
+    let busy = u32::try_from(row.busy).unwrap_or(0);
     let batch = HandedOff {
         handoff_id,
         leases: walk_leases(row)?,
         set_aside: Vec::new(),
         waiters,
+        busy,
     };
     Ok((batch, next_page))
 }

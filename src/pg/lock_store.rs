@@ -1,26 +1,42 @@
 //! The PostgreSQL lock backend (`backend=pg`): a sweep's stages over
 //! `lock_entry`'s statements. Owns each batch's two transactions (delete and
-//! hand off, commit; then claim, report, commit), the probe that makes an
+//! hand off, commit; then claim, report, commit), the writer connection that
+//! lets the second overlap the next batch's first, the probe that makes an
 //! idle sweep one statement, how a backlog is found (index or heap walk), and
 //! the `lease_set_aside` line only it sees. Not the statements (`lock_entry`)
-//! nor when to sweep and what else to log (`sweep::lock_sweeper`).
+//! nor when to sweep, how fast and what else to log (`sweep::lock_sweeper`).
 
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Work};
+use crate::store::{ExpiryStage, Lines, LockStore, Reaped, StoreError, TakeoverStage, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
 pub struct PgLockStore {
     db: Db,
+    /// A second connection, opened by the first batch whose lines are
+    /// written while the next batch is taken (`Lines::WithNextBatch`), and
+    /// closed by the first sweep that needs none: a daemon holds it only
+    /// while it drains a backlog.
+    writer: Db,
 }
 
 /// A sweep's first stage (`ExpiryStage`): what its probe found and where
 /// its next batch starts.
 pub struct PgSweep<'s> {
     store: &'s mut PgLockStore,
+    cursor: Cursor,
+    /// A batch handed off and committed whose lines are still to be written
+    /// (`Lines::WithNextBatch`).
+    pending: Option<HandedOff>,
+    /// The writer connection was used during this sweep.
+    overlapped: bool,
+}
+
+/// Where a sweep is: what its probe found and where its next batch starts.
+struct Cursor {
     probe: Probe,
     /// The probe was asked since the last batch (`begin_sweep` asks it for
     /// the first one).
@@ -29,6 +45,13 @@ pub struct PgSweep<'s> {
     /// The walk ran out of its page budget during this sweep (expired rows
     /// are sparse): the rest of the sweep uses the index.
     sparse: bool,
+}
+
+/// A batch taken off the table and handed off (committed with its hand-off
+/// row), whose lines are yet to be written under a claim of that row.
+struct HandedOff {
+    handoff_id: i64,
+    leases: Vec<ExpiredLease>,
 }
 
 /// A sweep's second stage (`TakeoverStage`): the probe's answer, for
@@ -79,9 +102,8 @@ enum Reap {
 
 /// What a committed batch did.
 struct Done {
-    /// Leases reaped and reported (set-aside ones are not counted, so a
-    /// batch with one is short and ends the drain: no loop over a row that
-    /// keeps failing).
+    /// Leases reaped (set-aside ones are not counted, so a batch with one is
+    /// short and ends the drain: no loop over a row that keeps failing).
     n: usize,
     /// The newest deadline reaped (index batches).
     newest_millis: Option<i64>,
@@ -89,63 +111,95 @@ struct Done {
     next_page: Option<i64>,
     /// Lock-server calls queued behind the batch when it ended.
     waiters: u32,
+    /// Other sessions running a statement when it ended (walk batches).
+    busy: u32,
+    /// The batch, if it was handed off: its lines are still to be written.
+    handed_off: Option<HandedOff>,
 }
 
-impl Done {
-    fn reaped(&self) -> Reaped {
-        Reaped {
-            n: self.n,
-            waiters: self.waiters,
-        }
+/// What one reaping call took: one batch, or a walk batch and the index
+/// batch that took over from it in the same call.
+#[derive(Default)]
+struct Taken {
+    reaped: Reaped,
+    /// In the order they were taken.
+    handed_off: Vec<HandedOff>,
+}
+
+impl Taken {
+    fn add(&mut self, done: Done) {
+        self.reaped.n += done.n;
+        self.reaped.waiters = self.reaped.waiters.max(done.waiters);
+        self.reaped.busy = self.reaped.busy.max(done.busy);
+        self.handed_off.extend(done.handed_off);
     }
 }
 
 impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
-            db: Db::new(target, Work::LockLeases),
-        }
-    }
-
-    async fn batch(
-        &mut self,
-        kind: Reap,
-        limit: usize,
-        report: Report<'_>,
-    ) -> Result<Done, StoreError> {
-        let conn = self.db.conn().await?;
-        batch_in_tx(conn, kind, limit, report)
-            .await
-            .map_err(|failure| self.db.batch_failed(failure))
-    }
-
-    /// Asks whether anything expired or was taken over, and the shared count:
-    /// one simple-protocol round trip (`conn::probe_row`).
-    async fn probe(&mut self) -> Result<Probe, StoreError> {
-        let conn = self.db.conn().await?;
-        match locks::sweep_probe(conn).await {
-            Ok(found) => Ok(Probe {
-                takeovers: found.takeovers,
-                held: found.held,
-                unchanged: !found.expired,
-            }),
-            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
+            db: Db::new(target.clone(), Work::LockLeases),
+            writer: Db::new(target, Work::LockLeases),
         }
     }
 }
 
-impl PgSweep<'_> {
+/// One batch on `db`: delete (or drain), and for a deleting batch hand off
+/// and commit, its lines left to `write_handed_off`.
+async fn batch(
+    db: &mut Db,
+    kind: Reap,
+    limit: usize,
+    report: Report<'_>,
+) -> Result<Done, StoreError> {
+    let conn = db.conn().await?;
+    batch_in_tx(conn, kind, limit, report)
+        .await
+        .map_err(|failure| db.batch_failed(failure))
+}
+
+/// Writes a handed-off batch's lines on `db` under a claim of its hand-off
+/// row (`conn::claim_then_report`): none when another sweeper recovered it
+/// first and wrote them. The number of leases whose lines it wrote.
+async fn write_handed_off(
+    db: &mut Db,
+    batch: HandedOff,
+    report: Report<'_>,
+) -> Result<usize, StoreError> {
+    let conn = db.conn().await?;
+    let id = batch.handoff_id;
+    let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
+    match conn::claim_then_report(conn, "lock_handoff_claim", claim, &batch.leases, report).await {
+        Ok(true) => Ok(batch.leases.len()),
+        Ok(false) => Ok(0),
+        Err(failure) => Err(db.batch_failed(failure)),
+    }
+}
+
+/// Asks whether anything expired or was taken over, and the shared count:
+/// one simple-protocol round trip (`conn::probe_row`).
+async fn probe(db: &mut Db) -> Result<Probe, StoreError> {
+    let conn = db.conn().await?;
+    match locks::sweep_probe(conn).await {
+        Ok(found) => Ok(Probe {
+            takeovers: found.takeovers,
+            held: found.held,
+            unchanged: !found.expired,
+        }),
+        Err(e) => Err(db.query_failed("lock_sweep_probe", e)),
+    }
+}
+
+impl Cursor {
     /// One batch by the expiry index, after `after_millis` (`None`: all).
     async fn index_batch(
         &mut self,
+        db: &mut Db,
         after_millis: Option<i64>,
         limit: usize,
         report: Report<'_>,
-    ) -> Result<Reaped, StoreError> {
-        let done = self
-            .store
-            .batch(Reap::Index { after_millis }, limit, report)
-            .await?;
+    ) -> Result<Done, StoreError> {
+        let done = batch(db, Reap::Index { after_millis }, limit, report).await?;
         self.next = if done.n < limit {
             self.sparse = false;
             Next::Oldest
@@ -157,60 +211,67 @@ impl PgSweep<'_> {
                 None => Next::Oldest,
             }
         };
-        Ok(done.reaped())
+        Ok(done)
     }
 
-    async fn reap(&mut self, limit: usize, report: Report<'_>) -> Result<Reaped, StoreError> {
+    /// Takes the next batch (two when a walk hands over to the index), its
+    /// lines not yet written.
+    async fn take(
+        &mut self,
+        db: &mut Db,
+        limit: usize,
+        report: Report<'_>,
+    ) -> Result<Taken, StoreError> {
+        let mut taken = Taken::default();
         match self.next {
-            Next::Oldest => self.index_batch(None, limit, report).await,
-            Next::After(after) => self.index_batch(Some(after), limit, report).await,
+            Next::Oldest => taken.add(self.index_batch(db, None, limit, report).await?),
+            Next::After(after) => {
+                taken.add(self.index_batch(db, Some(after), limit, report).await?)
+            }
             Next::Walk(from_page) => {
-                let walked = self
-                    .store
-                    .batch(Reap::Walk { from_page }, limit, report)
-                    .await;
-                let done = match walked {
+                let done = match batch(db, Reap::Walk { from_page }, limit, report).await {
                     Ok(done) => done,
                     // A walk batch that failed rolled back whole (a row that
-                    // cannot be deleted, say). The index reap sets such a row
-                    // aside instead of failing, so it takes over this sweep;
-                    // if the database is gone, it fails too, as it should.
+                    // cannot be deleted, or one another session holds). The
+                    // index reap sets such a row aside or skips it instead of
+                    // failing, so it takes over this sweep; if the database is
+                    // gone, it fails too, as it should.
                     Err(StoreError::Query { .. }) => {
                         self.sparse = true;
                         self.next = Next::Oldest;
-                        return self.index_batch(None, limit, report).await;
+                        taken.add(self.index_batch(db, None, limit, report).await?);
+                        return Ok(taken);
                     }
                     Err(e) => return Err(e),
                 };
                 let next_page = done.next_page.unwrap_or(-1);
-                if done.n >= limit && next_page >= 0 {
+                let full = done.n >= limit;
+                taken.add(done);
+                if full && next_page >= 0 {
                     self.next = Next::Walk(next_page);
-                    return Ok(done.reaped());
+                    return Ok(taken);
                 }
                 self.next = Next::Oldest;
                 if next_page < 0 {
                     // The whole table was walked: this sweep's drain is done.
                     self.sparse = false;
-                    return Ok(done.reaped());
+                    return Ok(taken);
                 }
-                // The page budget ran out first: too few expired rows per
-                // page for the walk to pay; the index takes over at once.
+                // The walk stopped at a sparse range: too few expired rows per
+                // page for it to pay; the index takes over at once.
                 self.sparse = true;
-                let more = self.index_batch(None, limit, report).await?;
-                Ok(Reaped {
-                    n: done.n + more.n,
-                    waiters: done.waiters.max(more.waiters),
-                })
+                taken.add(self.index_batch(db, None, limit, report).await?);
             }
         }
+        Ok(taken)
     }
 }
 
 /// Delete (or drain), report, commit. A takeover's record is the outbox row
 /// its transaction deletes, which no lock-server call waits on: report, then
 /// commit. Deleted leases hold row locks an acquire of their key waits on:
-/// the reaping call hands them off, the transaction commits, and only then
-/// are their lines written, under the claim of the hand-off.
+/// the reaping call hands them off and the transaction commits; their lines
+/// are written afterwards, under a claim of the hand-off (`write_handed_off`).
 async fn batch_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
@@ -242,20 +303,23 @@ async fn batch_in_tx(
                 newest_millis: None,
                 next_page: None,
                 waiters: 0,
+                busy: 0,
+                handed_off: None,
             });
         }
     };
     log_set_aside(&batch.set_aside);
     conn::commit(tx).await?;
-    if let Some(id) = batch.handoff_id {
-        let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
-        conn::claim_then_report(conn, "lock_handoff_claim", claim, &batch.leases, report).await?;
-    }
     Ok(Done {
         n: batch.leases.len(),
         newest_millis: batch.leases.iter().map(|l| l.expired_at_millis).max(),
         next_page,
         waiters: batch.waiters,
+        busy: batch.busy,
+        handed_off: batch.handoff_id.map(|handoff_id| HandedOff {
+            handoff_id,
+            leases: batch.leases,
+        }),
     })
 }
 
@@ -299,13 +363,17 @@ impl LockStore for PgLockStore {
 
     async fn begin_sweep(&mut self) -> Result<PgSweep<'_>, StoreError> {
         // Asked before the first batch: an idle sweep ends on this answer.
-        let probe = self.probe().await?;
+        let probe = probe(&mut self.db).await?;
         Ok(PgSweep {
             store: self,
-            probe,
-            probed: true,
-            next: Next::Oldest,
-            sparse: false,
+            cursor: Cursor {
+                probe,
+                probed: true,
+                next: Next::Oldest,
+                sparse: false,
+            },
+            pending: None,
+            overlapped: false,
         })
     }
 }
@@ -316,33 +384,88 @@ impl<'s> ExpiryStage for PgSweep<'s> {
     async fn reap_expired(
         &mut self,
         limit: usize,
+        lines: Lines,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
-        if self.next == Next::Oldest {
+        let PgSweep {
+            store,
+            cursor,
+            pending,
+            overlapped,
+        } = self;
+        let PgLockStore { db, writer } = &mut **store;
+        if cursor.next == Next::Oldest {
             // Back at the oldest after a full batch (a walk that reached
             // the end of the table, say): ask again whether anything is left.
-            if !self.probed {
-                self.probe = self.store.probe().await?;
+            if !cursor.probed {
+                cursor.probe = probe(db).await?;
             }
-            self.probed = false;
-            if self.probe.unchanged {
+            cursor.probed = false;
+            if cursor.probe.unchanged {
                 return Ok(Reaped::default());
             }
         }
-        let result = self.reap(limit, report).await;
-        self.probe.unchanged = false;
-        if result.is_err() {
-            // After an error the next batch starts from the oldest again.
-            self.next = Next::Oldest;
-            self.sparse = false;
+        let taken = match pending.take() {
+            // The last batch's lines on the writer while this one is taken:
+            // the daemon writes while the database deletes. Only the writer
+            // reports here: the batch being taken is handed off, not written.
+            Some(last) if lines == Lines::WithNextBatch => {
+                *overlapped = true;
+                let mut no_report = |_: &[ExpiredLease]| Ok(());
+                let (taken, written) = tokio::join!(
+                    cursor.take(db, limit, &mut no_report),
+                    write_handed_off(writer, last, report)
+                );
+                written?;
+                taken
+            }
+            Some(last) => {
+                write_handed_off(db, last, report).await?;
+                cursor.take(db, limit, report).await
+            }
+            None => cursor.take(db, limit, report).await,
+        };
+        cursor.probe.unchanged = false;
+        let mut taken = match taken {
+            Ok(taken) => taken,
+            Err(e) => {
+                // After an error the next batch starts from the oldest again.
+                cursor.next = Next::Oldest;
+                cursor.sparse = false;
+                return Err(e);
+            }
+        };
+        // A full batch with more to come may wait for the next one to be
+        // written; anything else is written now, in the order it was taken.
+        let last = if lines == Lines::WithNextBatch && taken.reaped.n >= limit {
+            taken.handed_off.pop()
+        } else {
+            None
+        };
+        for batch in taken.handed_off {
+            write_handed_off(db, batch, report).await?;
         }
-        result
+        *pending = last;
+        Ok(taken.reaped)
+    }
+
+    async fn finish(&mut self, report: Report<'_>) -> Result<usize, StoreError> {
+        let written = match self.pending.take() {
+            Some(last) => write_handed_off(&mut self.store.db, last, report).await?,
+            None => 0,
+        };
+        if !self.overlapped {
+            // A sweep that needed no writer closes it: a daemon holds the
+            // second connection only while it drains.
+            self.store.writer.reset();
+        }
+        Ok(written)
     }
 
     fn into_takeovers(self) -> Self::Takeovers {
         PgTakeovers {
             store: self.store,
-            probe: self.probe,
+            probe: self.cursor.probe,
         }
     }
 }
@@ -371,7 +494,11 @@ impl TakeoverStage for PgTakeovers<'_> {
             }
             n += recovered;
         }
-        Ok(n + self.store.batch(Reap::Takeovers, limit, report).await?.n)
+        Ok(
+            n + batch(&mut self.store.db, Reap::Takeovers, limit, report)
+                .await?
+                .n,
+        )
     }
 
     async fn held_count(self) -> Result<i64, StoreError> {

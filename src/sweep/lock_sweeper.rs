@@ -1,8 +1,10 @@
 //! The lock sweeper: a pass reaps expired leases, then recorded takeovers,
 //! batch by batch through a `LockStore`'s stages, and sets the held-lease
 //! gauge. Owns each batch's `lease_expired` lines and counts, sent with the
-//! batch, and the batch size, smaller while lock-server calls wait. Not
-//! timing or error logging (`sweep::run`) nor any SQL (the store).
+//! batch, and how a backlog is drained beside the workload: smaller batches
+//! while lock-server calls wait on them, a pause after each batch while
+//! other sessions are busy, full speed otherwise. Not the loop's timing or
+//! error logging (`sweep::run`) nor any SQL (the store).
 
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use tracing::info;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
-use crate::store::{ExpiryStage, LockStore, StoreError, TakeoverStage};
+use crate::store::{ExpiryStage, Lines, LockStore, Reaped, StoreError, TakeoverStage};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
@@ -33,19 +35,33 @@ pub const BATCH_SIZE: usize = 5_000;
 pub const CONTENDED_BATCH_SIZE: usize = 500;
 
 /// How long batches stay at `CONTENDED_BATCH_SIZE` after the last one a
-/// lock-server call was seen waiting on. Small batches are rarely hit, so
-/// the hold, not the next hit, keeps them small while a storm lasts; an
+/// lock-server call was seen waiting on, and a drain paced after the last
+/// batch that saw other sessions busy. Small batches are rarely hit, so the
+/// hold, not the next hit, keeps them small while a storm lasts; an
 /// uncontended drain never sees a waiter and keeps `BATCH_SIZE`.
 pub const CONTENTION_HOLD: Duration = Duration::from_secs(5);
 
-/// The size of the next batch: `BATCH_SIZE`, or `CONTENDED_BATCH_SIZE` for
-/// `CONTENTION_HOLD` after a batch that lock-server calls waited on.
+/// The pause after each full batch while other sessions are busy, as a
+/// multiple of the time the batch took: the backlog then takes at most
+/// 1 / (1 + `BUSY_PACE`) of the time, its lines are written before the next
+/// batch is taken, and the workload keeps the rest of the server. On an idle
+/// server the drain runs unpaced, its lines written while the next batch is
+/// taken. Measured in docs/performance.md (the harm step): what the lock
+/// server's callers pay at each setting, and what the drain's speed does.
+pub const BUSY_PACE: u32 = 1;
+
+/// What the last batches said about the sweeper's neighbours: how big the
+/// next batch is, whether to pause after it, and whether its lines may wait
+/// for the next batch.
 #[derive(Debug, Default)]
-struct BatchSize {
+struct Neighbours {
+    /// Lock-server calls waited on a batch; small batches until then.
     contended_until: Option<Instant>,
+    /// Other sessions were busy; a paced drain until then.
+    busy_until: Option<Instant>,
 }
 
-impl BatchSize {
+impl Neighbours {
     fn limit(&self, now: Instant) -> usize {
         match self.contended_until {
             Some(until) if now < until => CONTENDED_BATCH_SIZE,
@@ -53,9 +69,30 @@ impl BatchSize {
         }
     }
 
-    fn saw(&mut self, waiters: u32, now: Instant) {
-        if waiters > 0 {
+    /// The pause after a full batch, as a multiple of its time.
+    fn pace(&self, now: Instant) -> u32 {
+        match self.busy_until {
+            Some(until) if now < until => BUSY_PACE,
+            _ => 0,
+        }
+    }
+
+    /// A paced drain writes each batch's lines before the next: one of the
+    /// daemon and the database at work at a time.
+    fn lines(&self, now: Instant) -> Lines {
+        if self.pace(now) > 0 {
+            Lines::Now
+        } else {
+            Lines::WithNextBatch
+        }
+    }
+
+    fn saw(&mut self, reaped: Reaped, now: Instant) {
+        if reaped.waiters > 0 {
             self.contended_until = Some(now + CONTENTION_HOLD);
+        }
+        if reaped.busy > 0 {
+            self.busy_until = Some(now + CONTENTION_HOLD);
         }
     }
 }
@@ -100,7 +137,7 @@ pub struct LockSweeper<S: LockStore> {
     store: S,
     events: EventLog,
     metrics: Metrics,
-    batch: BatchSize,
+    neighbours: Neighbours,
 }
 
 impl<S: LockStore> LockSweeper<S> {
@@ -112,7 +149,7 @@ impl<S: LockStore> LockSweeper<S> {
             store,
             events,
             metrics,
-            batch: BatchSize::default(),
+            neighbours: Neighbours::default(),
         }
     }
 
@@ -128,18 +165,35 @@ impl<S: LockStore> LockSweeper<S> {
         let mut expired = self.store.begin_sweep().await?;
         let mut drain = Drain::new(BATCH_SIZE);
         while drain.go_on(cancel) {
-            // Reaps take smaller batches while lock-server calls wait on them.
-            let limit = self.batch.limit(Instant::now());
+            let now = Instant::now();
+            let limit = self.neighbours.limit(now);
             drain.limit_to(limit);
+            let lines = self.neighbours.lines(now);
             let before = outcome.reported();
             let reaped = {
                 let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
-                expired.reap_expired(limit, &mut report).await?
+                expired.reap_expired(limit, lines, &mut report).await?
             };
-            self.batch.saw(reaped.waiters, Instant::now());
+            let took = now.elapsed();
+            self.neighbours.saw(reaped, Instant::now());
+            drain.pace(self.neighbours.pace(Instant::now()));
             drain.took(reaped.n);
             send_counts(&self.metrics, backend, outcome.reported() - before).await;
+            let pause = drain.pause_after(took);
+            if !pause.is_zero() {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
         }
+        // The last batch's lines, if they were to go with a next one.
+        let before = outcome.reported();
+        {
+            let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+            expired.finish(&mut report).await?;
+        }
+        send_counts(&self.metrics, backend, outcome.reported() - before).await;
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -242,6 +296,8 @@ mod tests {
         Reap(usize),
         /// Reap this many while lock-server calls wait on the batch.
         Contended(usize),
+        /// Reap this many while other sessions are busy, taking `BUSY_BATCH`.
+        Busy(usize),
         Fail,
         /// Reap this many, then fire the token (a signal arriving mid-drain).
         ReapThenCancel(usize, CancellationToken),
@@ -252,10 +308,13 @@ mod tests {
         script: Arc<Mutex<VecDeque<Step>>>,
         /// What each `drain_takeovers` call reports, in order (then 0).
         takeovers: Arc<Mutex<VecDeque<usize>>>,
-        /// Every stage call, in order: `begin`, `reap`, `drain`, `held`.
+        /// Every stage call, in order: `begin`, `reap`, `finish`, `drain`,
+        /// `held`.
         calls: Arc<Mutex<Vec<&'static str>>>,
         /// The limit of every `reap_expired` call, in order.
         limits: Arc<Mutex<Vec<usize>>>,
+        /// When each `reap_expired` call was asked to write its lines.
+        lines: Arc<Mutex<Vec<Lines>>>,
         /// Fired by the next `drain_takeovers` (a signal mid-drain).
         cancel_on_drain: Arc<Mutex<Option<CancellationToken>>>,
     }
@@ -278,6 +337,9 @@ mod tests {
             self.calls().iter().filter(|c| **c == "reap").count()
         }
     }
+
+    /// How long a `Step::Busy` batch takes (paused time).
+    const BUSY_BATCH: Duration = Duration::from_millis(40);
 
     fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
         (0..n)
@@ -311,19 +373,25 @@ mod tests {
         async fn reap_expired(
             &mut self,
             limit: usize,
+            lines: Lines,
             report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
         ) -> Result<Reaped, StoreError> {
             self.called("reap");
             self.limits.lock().unwrap().push(limit);
+            self.lines.lock().unwrap().push(lines);
             let step = self
                 .script
                 .lock()
                 .unwrap()
                 .pop_front()
                 .unwrap_or(Step::Reap(0));
-            let (n, waiters) = match step {
-                Step::Reap(n) => (n, 0),
-                Step::Contended(n) => (n, 2),
+            let (n, waiters, busy) = match step {
+                Step::Reap(n) => (n, 0, 0),
+                Step::Contended(n) => (n, 2, 0),
+                Step::Busy(n) => {
+                    tokio::time::advance(BUSY_BATCH).await;
+                    (n, 0, 3)
+                }
                 Step::Fail => {
                     return Err(StoreError::Query {
                         work: Work::LockLeases,
@@ -334,7 +402,7 @@ mod tests {
                 }
                 Step::ReapThenCancel(n, token) => {
                     token.cancel();
-                    (n, 0)
+                    (n, 0, 0)
                 }
             };
             assert!(n <= limit);
@@ -342,7 +410,15 @@ mod tests {
                 work: Work::LockLeases,
                 source,
             })?;
-            Ok(Reaped { n, waiters })
+            Ok(Reaped { n, waiters, busy })
+        }
+
+        async fn finish(
+            &mut self,
+            _report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+        ) -> Result<usize, StoreError> {
+            self.called("finish");
+            Ok(0)
         }
 
         fn into_takeovers(self) -> Stub {
@@ -412,7 +488,10 @@ mod tests {
 
         let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
-        assert_eq!(stub.calls(), ["begin", "reap", "drain", "drain", "held"]);
+        assert_eq!(
+            stub.calls(),
+            ["begin", "reap", "finish", "drain", "drain", "held"]
+        );
         assert_eq!(
             (outcome.swept, outcome.taken_over, outcome.batches),
             (2, BATCH_SIZE as u64 + 4, 3)
@@ -441,7 +520,9 @@ mod tests {
 
         assert_eq!(
             stub.calls(),
-            ["begin", "reap", "drain", "begin", "reap", "drain", "held"]
+            [
+                "begin", "reap", "finish", "drain", "begin", "reap", "finish", "drain", "held"
+            ]
         );
     }
 
@@ -483,6 +564,50 @@ mod tests {
         assert_eq!(limits[4..], [CONTENDED_BATCH_SIZE, BATCH_SIZE]);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn busy_neighbours_pace_the_drain_and_get_each_batchs_lines_first() {
+        let stub = Stub::new(vec![
+            Step::Reap(BATCH_SIZE),
+            Step::Busy(BATCH_SIZE),
+            Step::Busy(BATCH_SIZE),
+            Step::Reap(7),
+        ]);
+        let (mut sweeper, lines) = sweeper(&stub);
+
+        let started = tokio::time::Instant::now();
+        let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(
+            *stub.lines.lock().unwrap(),
+            [
+                Lines::WithNextBatch,
+                Lines::WithNextBatch,
+                Lines::Now,
+                Lines::Now
+            ],
+            "an idle server's drain overlaps; once others are busy, lines before the next batch"
+        );
+        assert_eq!(
+            started.elapsed(),
+            4 * BUSY_BATCH,
+            "each busy batch, then a pause as long, after every full batch from the first busy one"
+        );
+        assert_eq!(outcome.swept, 3 * BATCH_SIZE as u64 + 7);
+        assert_eq!(lines.lines().len(), outcome.swept as usize);
+
+        // Within the hold the next sweep is paced from its first batch;
+        // after it, it overlaps again.
+        *stub.script.lock().unwrap() = vec![Step::Reap(1)].into();
+        sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+        tokio::time::advance(CONTENTION_HOLD).await;
+        *stub.script.lock().unwrap() = vec![Step::Reap(1)].into();
+        sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+        assert_eq!(
+            stub.lines.lock().unwrap()[4..],
+            [Lines::Now, Lines::WithNextBatch]
+        );
+    }
+
     #[tokio::test]
     async fn a_shutdown_mid_drain_stops_between_batches() {
         let token = CancellationToken::new();
@@ -500,6 +625,11 @@ mod tests {
             lines.lines().len(),
             BATCH_SIZE,
             "the finished batch was reported"
+        );
+        assert_eq!(
+            stub.calls(),
+            ["begin", "reap", "finish"],
+            "lines still waiting for a next batch are written before it stops"
         );
     }
 

@@ -162,6 +162,12 @@ impl Drain {
         }
     }
 
+    /// The pause after the next full batches, as a multiple of the time each
+    /// took (0: none).
+    pub fn pace(&mut self, pace: u32) {
+        self.pace = pace;
+    }
+
     /// How long to wait before the next batch, given that the last one took
     /// `took`: nothing when the drain is over or unpaced.
     pub fn pause_after(&self, took: Duration) -> Duration {

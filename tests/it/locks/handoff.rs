@@ -17,7 +17,7 @@ use std::time::Duration;
 use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
-use lease_sweeper::testing::store::{ExpiryStage, LockStore};
+use lease_sweeper::testing::store::{ExpiryStage, Lines, LockStore};
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -251,7 +251,9 @@ async fn batch_counts_calls_that_waited() {
             let mut store = PgLockStore::new(target);
             let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
             let mut sweep = store.begin_sweep().await?;
-            sweep.reap_expired(BATCH_SIZE, &mut report).await
+            sweep
+                .reap_expired(BATCH_SIZE, Lines::Now, &mut report)
+                .await
         }
     });
     poll(Duration::from_secs(20), "the reap to stop", async || {
@@ -301,6 +303,9 @@ async fn batch_counts_calls_that_waited() {
     let mut store = PgLockStore::new(db.target());
     let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
     let mut sweep = store.begin_sweep().await.unwrap();
-    let quiet = sweep.reap_expired(BATCH_SIZE, &mut report).await.unwrap();
+    let quiet = sweep
+        .reap_expired(BATCH_SIZE, Lines::Now, &mut report)
+        .await
+        .unwrap();
     assert_eq!((quiet.n, quiet.waiters), (10, 0));
 }

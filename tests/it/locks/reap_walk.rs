@@ -301,3 +301,68 @@ async fn backlog_behind_empty_pages_reported_once() {
     assert_eq!(keys.len() as i64, expired, "no lease reported twice");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
+
+/// `busy` counts the other sessions of the database running a statement
+/// (the workload a backlog's drain then yields to), not idle ones and not
+/// the sweepers' own.
+#[tokio::test]
+async fn walk_counts_busy_neighbours() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    exec(&mut conn, "SET application_name = 'lease-sweeper'").await;
+    insert_expired(&mut conn, "busy-", 10, 1_000).await;
+    let mut idle = db.connect().await;
+    exec(&mut idle, "SELECT 1").await;
+    let walk_busy = async |conn: &mut sqlx::PgConnection| -> i32 {
+        sqlx::query_scalar("SELECT busy FROM lock_reap_walk(1, 0)")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(walk_busy(&mut conn).await, 0, "an idle session is not busy");
+
+    let mut sleepers = Vec::new();
+    for name in ["lease-sweeper", "the-lock-server"] {
+        let mut c = db.connect().await;
+        exec(&mut c, &format!("SET application_name = '{name}'")).await;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        sleepers.push((
+            pid,
+            tokio::spawn(async move {
+                let _ = sqlx::query("SELECT pg_sleep(60)").execute(&mut c).await;
+            }),
+        ));
+    }
+    crate::support::wait_until(
+        std::time::Duration::from_secs(10),
+        "both sleepers' statements to run",
+        || async {
+            let mut c = db.connect().await;
+            count(
+                &mut c,
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
+            )
+            .await
+                == 2
+        },
+    )
+    .await;
+    assert_eq!(
+        walk_busy(&mut conn).await,
+        1,
+        "the lock server's statement counts; another sweeper's does not"
+    );
+
+    for (pid, task) in sleepers {
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(pid)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        task.await.unwrap();
+    }
+}

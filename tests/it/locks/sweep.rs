@@ -148,6 +148,114 @@ async fn backlog_drained_in_one_sweep() {
     );
 }
 
+/// The sweeper's connections on this test's database.
+async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
+    count(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = 'lease-sweeper'",
+    )
+    .await
+}
+
+/// On an idle server a backlog's lines are written on a second connection
+/// while the next batch is taken; the daemon holds it only while it drains.
+#[tokio::test]
+async fn drain_writes_on_a_second_connection_closed_once_idle() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 5 / 2;
+    insert_expired(&mut conn, "overlap-", n, 1_000).await;
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(outcome.swept, n as u64);
+    let keys: HashSet<String> = events(&log.lines(), "lease_expired")
+        .into_iter()
+        .map(|f| f["lockKey"].clone())
+        .collect();
+    assert_eq!((log.lines().len(), keys.len()), (n as usize, n as usize));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        0,
+        "every hand-off claimed once its lines were out"
+    );
+    assert_eq!(
+        sweeper_connections(&mut conn).await,
+        2,
+        "the writer was used"
+    );
+
+    sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    // Closed by the client; the server's backend goes a moment later.
+    crate::support::wait_until(
+        std::time::Duration::from_secs(10),
+        "an idle sweep to close the writer",
+        || async {
+            let mut c = db.connect().await;
+            sweeper_connections(&mut c).await == 1
+        },
+    )
+    .await;
+}
+
+/// While another session of the database runs a statement, a backlog is
+/// drained paced, each batch's lines before the next: still each lease once.
+#[tokio::test]
+async fn drain_beside_a_busy_session_reports_each_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 3 + 11;
+    insert_expired(&mut conn, "paced-", n, 1_000).await;
+    let mut neighbour = db.connect().await;
+    let neighbour_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut neighbour)
+        .await
+        .unwrap();
+    let busy = tokio::spawn(async move {
+        let _ = sqlx::query("SELECT pg_sleep(60)")
+            .execute(&mut neighbour)
+            .await;
+    });
+    crate::support::wait_until(
+        std::time::Duration::from_secs(10),
+        "the neighbour's statement to run",
+        || async {
+            let mut c = db.connect().await;
+            count(
+                &mut c,
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(outcome.swept, n as u64);
+    let keys: HashSet<String> = events(&log.lines(), "lease_expired")
+        .into_iter()
+        .map(|f| f["lockKey"].clone())
+        .collect();
+    assert_eq!((log.lines().len(), keys.len()), (n as usize, n as usize));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        0
+    );
+    sqlx::query("SELECT pg_cancel_backend($1)")
+        .bind(neighbour_pid)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    busy.await.unwrap();
+}
+
 #[tokio::test]
 async fn three_sweepers_report_each_once() {
     let db = TestDb::new().await;
