@@ -136,7 +136,7 @@ REVOKE ALL ON FUNCTION lock_reap_busy() FROM PUBLIC;
 -- ones ends it, as in lock_reap_expired_walk (20261204000100): the batch
 -- comes back short with the page after that range, and the sweep goes on
 -- by the index.
-CREATE FUNCTION lock_reap_walk(p_limit integer, p_from_page bigint)
+CREATE FUNCTION lock_reap_walk(p_limit integer, p_from_page bigint, p_skip_locked boolean)
 RETURNS TABLE (handoff_id bigint, next_page bigint, lock_keys text[], owner_ids text[],
                tokens bigint[], expires_at timestamptz[], reaped_at timestamptz, waiters integer,
                busy integer)
@@ -173,6 +173,10 @@ BEGIN
         RAISE EXCEPTION 'lock_reap_walk: the page to start at must not be NULL (0 starts at the first)'
             USING ERRCODE = '22023';
     END IF;
+    IF p_skip_locked IS NULL THEN
+        RAISE EXCEPTION 'lock_reap_walk: skip_locked must be true or false'
+            USING ERRCODE = '22023';
+    END IF;
     WHILE p_limit > 0 LOOP
         IF v_lo >= v_pages THEN
             v_next := -1;
@@ -181,14 +185,26 @@ BEGIN
         v_hi := (v_range + 1) * lock_walk_range_pages();
         -- Infinite deadlines are left to lock_reap_expired, whose
         -- oldest-first batch (the first of every sweep) reaps them.
-        SELECT pg_catalog.array_agg(d.ctid) INTO v_found
-          FROM (SELECT ctid
-                  FROM lock_entry
-                 WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
-                   AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
-                   AND expires_at <= pg_catalog.now()
-                   AND pg_catalog.isfinite(expires_at)
-                 LIMIT p_limit - pg_catalog.cardinality(v_doomed)) AS d;
+        IF p_skip_locked THEN
+            SELECT pg_catalog.array_agg(d.ctid) INTO v_found
+              FROM (SELECT ctid
+                      FROM lock_entry
+                     WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
+                       AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                       AND expires_at <= pg_catalog.now()
+                       AND pg_catalog.isfinite(expires_at)
+                     LIMIT p_limit - pg_catalog.cardinality(v_doomed)
+                       FOR UPDATE SKIP LOCKED) AS d;
+        ELSE
+            SELECT pg_catalog.array_agg(d.ctid) INTO v_found
+              FROM (SELECT ctid
+                      FROM lock_entry
+                     WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
+                       AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                       AND expires_at <= pg_catalog.now()
+                       AND pg_catalog.isfinite(expires_at)
+                     LIMIT p_limit - pg_catalog.cardinality(v_doomed)) AS d;
+        END IF;
         IF v_found IS NOT NULL THEN
             -- Locked once it has rows, so empty stretches take no lock. Rows
             -- chosen before the lock are safe: whoever held the range has
@@ -310,10 +326,10 @@ AS $$
      ORDER BY u.i
 $$;
 
-REVOKE ALL ON FUNCTION lock_reap_walk(integer, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION lock_reap_walk(integer, bigint) TO lease_sweeper;
+REVOKE ALL ON FUNCTION lock_reap_walk(integer, bigint, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lock_reap_walk(integer, bigint, boolean) TO lease_sweeper;
 
-COMMENT ON FUNCTION lock_reap_walk(integer, bigint) IS
+COMMENT ON FUNCTION lock_reap_walk(integer, bigint, boolean) IS
 'Deletes up to p_limit expired leases walking the heap from page p_from_page in ranges no other walker holds (advisory locks, no row locks; a row someone holds fails the call after lock_timeout), records them in one lock_reap_handoff row in the same transaction, and returns its id, the page to go on from (-1: the end), the batch as arrays with the statement''s clock, how many sessions wait on its deleted rows and how many others are running a statement. The sweeper commits, then claims the hand-off with lock_handoff_claim and writes its lines. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 -- Follow the installing schema, as migrations/20261130000120_privilege_holes.sql

@@ -26,15 +26,20 @@ pub struct Reaped {
     pub busy: u32,
 }
 
-/// When a reaping call writes its batch's lines.
+/// What the sweeper knows of the workload beside it, which decides how a
+/// reaping call takes its batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lines {
-    /// Before the call returns: the daemon and the database take turns.
-    Now,
-    /// The backend may write them while it takes the next batch (in the
-    /// next `reap_expired`, or in `finish`): the daemon writes while the
-    /// database deletes, the fastest drain.
-    WithNextBatch,
+pub enum Workload {
+    /// No other session is busy: the fastest drain. A backlog's rows are
+    /// deleted without being locked first (a row someone holds fails the
+    /// batch after a short wait, and the sweep goes on the careful way), and
+    /// a full batch's lines may be written while the next batch is taken
+    /// (by the next `reap_expired`, or by `finish`).
+    Idle,
+    /// Others are running statements: a row another session holds is
+    /// skipped, never waited on, and the lines are written before the call
+    /// returns, so the daemon and the database take turns.
+    Busy,
 }
 
 /// A lock backend, as a sweep uses it.
@@ -48,7 +53,7 @@ pub enum Lines {
 ///    answer until the sweep ends.
 /// 2. `ExpiryStage::reap_expired`, called until a batch comes back short
 ///    (fewer than its `limit`) or the sweep stops early, then `finish`
-///    (which writes the lines a `Lines::WithNextBatch` call left), then
+///    (which writes the lines a `Workload::Idle` call left), then
 ///    `into_takeovers`.
 /// 3. `TakeoverStage::drain_takeovers`, called until a batch comes back
 ///    short, then `held_count`, which ends the sweep.
@@ -87,12 +92,12 @@ pub trait ExpiryStage: Send {
 
     /// Deletes up to `limit` leases whose deadline has passed; how many it
     /// took, for the drain rule, whether lock-server calls waited on it and
-    /// whether others were busy. Their lines are written as `lines` says;
-    /// the lines of a batch an earlier call left are written by this one.
+    /// whether others were busy. It goes about it as `workload` says; the
+    /// lines of a batch an earlier call left are written by this one.
     fn reap_expired(
         &mut self,
         limit: usize,
-        lines: Lines,
+        workload: Workload,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 

@@ -65,7 +65,7 @@ pub mod model {
 }
 
 pub mod store {
-    pub use crate::store::{ExpiryStage, Lines, LockStore, Reaped, StoreError};
+    pub use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, Workload};
 }
 
 pub mod sweep {

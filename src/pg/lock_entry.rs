@@ -79,7 +79,8 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
   FROM lock_drain_takeovers($1)";
 
 /// The backlog form of `REAP_EXPIRED`: deletes up to `$1` expired leases
-/// walking the heap from page `$2` in physical order (a TID range scan), for
+/// walking the heap from page `$2` in physical order (a TID range scan),
+/// locking each first and skipping those others hold when `$3`, for
 /// when most of the table has expired and the index order would visit pages
 /// at random (`lock_reap_walk` in `migrations/`, which explains the page
 /// budget, the ranges replicas split the heap by and the `next_page` it
@@ -89,7 +90,7 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
 /// other sessions were running a statement (`lock_reap_busy`).
 pub const REAP_EXPIRED_WALK: &str = "
 SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters, busy
-  FROM lock_reap_walk($1, $2)";
+  FROM lock_reap_walk($1, $2, $3)";
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired, is any takeover recorded, and the
@@ -402,11 +403,13 @@ pub async fn reap_expired_walk(
     conn: &mut PgConnection,
     limit: usize,
     from_page: i64,
+    skip_locked: bool,
 ) -> Result<(HandedOff, i64), sqlx::Error> {
     let row: WalkRow = sqlx::query_as(REAP_EXPIRED_WALK)
         .persistent(false)
         .bind(conn::limit_param(limit))
         .bind(from_page)
+        .bind(skip_locked)
         .fetch_one(conn)
         .await?;
     let (handoff_id, next_page) = (row.handoff_id, row.next_page);

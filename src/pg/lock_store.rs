@@ -10,14 +10,14 @@ use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{ExpiryStage, Lines, LockStore, Reaped, StoreError, TakeoverStage, Work};
+use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Work, Workload};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
 pub struct PgLockStore {
     db: Db,
     /// A second connection, opened by the first batch whose lines are
-    /// written while the next batch is taken (`Lines::WithNextBatch`), and
+    /// written while the next batch is taken (`Workload::Idle`), and
     /// closed by the first sweep that needs none: a daemon holds it only
     /// while it drains a backlog.
     writer: Db,
@@ -29,7 +29,7 @@ pub struct PgSweep<'s> {
     store: &'s mut PgLockStore,
     cursor: Cursor,
     /// A batch handed off and committed whose lines are still to be written
-    /// (`Lines::WithNextBatch`).
+    /// (`Workload::Idle`).
     pending: Option<HandedOff>,
     /// The writer connection was used during this sweep.
     overlapped: bool,
@@ -93,9 +93,11 @@ enum Reap {
     Index {
         after_millis: Option<i64>,
     },
-    /// By the heap, from this page.
+    /// By the heap, from this page; locking each row first and skipping
+    /// those others hold, or deleting at once.
     Walk {
         from_page: i64,
+        skip_locked: bool,
     },
     Takeovers,
 }
@@ -220,8 +222,12 @@ impl Cursor {
         &mut self,
         db: &mut Db,
         limit: usize,
+        workload: Workload,
         report: Report<'_>,
     ) -> Result<Taken, StoreError> {
+        // Beside a busy workload the walk skips the rows others hold (it
+        // locks each first); alone it deletes without that second write.
+        let skip_locked = workload == Workload::Busy;
         let mut taken = Taken::default();
         match self.next {
             Next::Oldest => taken.add(self.index_batch(db, None, limit, report).await?),
@@ -229,7 +235,11 @@ impl Cursor {
                 taken.add(self.index_batch(db, Some(after), limit, report).await?)
             }
             Next::Walk(from_page) => {
-                let done = match batch(db, Reap::Walk { from_page }, limit, report).await {
+                let walk = Reap::Walk {
+                    from_page,
+                    skip_locked,
+                };
+                let done = match batch(db, walk, limit, report).await {
                     Ok(done) => done,
                     // A walk batch that failed rolled back whole (a row that
                     // cannot be deleted, or one another session holds). The
@@ -286,8 +296,11 @@ async fn batch_in_tx(
                 .map_err(|e| BatchFailure::Query("lock_reap_expired_handed_off", e))?;
             (batch, None)
         }
-        Reap::Walk { from_page } => {
-            let (batch, next) = locks::reap_expired_walk(&mut tx, limit, from_page)
+        Reap::Walk {
+            from_page,
+            skip_locked,
+        } => {
+            let (batch, next) = locks::reap_expired_walk(&mut tx, limit, from_page, skip_locked)
                 .await
                 .map_err(|e| BatchFailure::Query("lock_reap_walk", e))?;
             (batch, Some(next))
@@ -384,7 +397,7 @@ impl<'s> ExpiryStage for PgSweep<'s> {
     async fn reap_expired(
         &mut self,
         limit: usize,
-        lines: Lines,
+        workload: Workload,
         report: Report<'_>,
     ) -> Result<Reaped, StoreError> {
         let PgSweep {
@@ -409,11 +422,11 @@ impl<'s> ExpiryStage for PgSweep<'s> {
             // The last batch's lines on the writer while this one is taken:
             // the daemon writes while the database deletes. Only the writer
             // reports here: the batch being taken is handed off, not written.
-            Some(last) if lines == Lines::WithNextBatch => {
+            Some(last) if workload == Workload::Idle => {
                 *overlapped = true;
                 let mut no_report = |_: &[ExpiredLease]| Ok(());
                 let (taken, written) = tokio::join!(
-                    cursor.take(db, limit, &mut no_report),
+                    cursor.take(db, limit, workload, &mut no_report),
                     write_handed_off(writer, last, report)
                 );
                 written?;
@@ -421,9 +434,9 @@ impl<'s> ExpiryStage for PgSweep<'s> {
             }
             Some(last) => {
                 write_handed_off(db, last, report).await?;
-                cursor.take(db, limit, report).await
+                cursor.take(db, limit, workload, report).await
             }
-            None => cursor.take(db, limit, report).await,
+            None => cursor.take(db, limit, workload, report).await,
         };
         cursor.probe.unchanged = false;
         let mut taken = match taken {
@@ -437,7 +450,7 @@ impl<'s> ExpiryStage for PgSweep<'s> {
         };
         // A full batch with more to come may wait for the next one to be
         // written; anything else is written now, in the order it was taken.
-        let last = if lines == Lines::WithNextBatch && taken.reaped.n >= limit {
+        let last = if workload == Workload::Idle && taken.reaped.n >= limit {
             taken.handed_off.pop()
         } else {
             None

@@ -15,7 +15,7 @@ use tracing::info;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
-use crate::store::{ExpiryStage, Lines, LockStore, Reaped, StoreError, TakeoverStage};
+use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Workload};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
@@ -50,6 +50,10 @@ pub const CONTENTION_HOLD: Duration = Duration::from_secs(5);
 /// server's callers pay at each setting, and what the drain's speed does.
 pub const BUSY_PACE: u32 = 1;
 
+/// The batch while other sessions are busy: a statement of a few
+/// milliseconds, so no caller waits long for the core or a row it takes.
+pub const BUSY_BATCH_SIZE: usize = 500;
+
 /// What the last batches said about the sweeper's neighbours: how big the
 /// next batch is, whether to pause after it, and whether its lines may wait
 /// for the next batch.
@@ -63,27 +67,27 @@ struct Neighbours {
 
 impl Neighbours {
     fn limit(&self, now: Instant) -> usize {
-        match self.contended_until {
-            Some(until) if now < until => CONTENDED_BATCH_SIZE,
+        match (self.contended_until, self.workload(now)) {
+            (Some(until), _) if now < until => CONTENDED_BATCH_SIZE,
+            (_, Workload::Busy) => BUSY_BATCH_SIZE,
             _ => BATCH_SIZE,
         }
     }
 
     /// The pause after a full batch, as a multiple of its time.
     fn pace(&self, now: Instant) -> u32 {
-        match self.busy_until {
-            Some(until) if now < until => BUSY_PACE,
-            _ => 0,
+        match self.workload(now) {
+            Workload::Busy => BUSY_PACE,
+            Workload::Idle => 0,
         }
     }
 
-    /// A paced drain writes each batch's lines before the next: one of the
-    /// daemon and the database at work at a time.
-    fn lines(&self, now: Instant) -> Lines {
-        if self.pace(now) > 0 {
-            Lines::Now
-        } else {
-            Lines::WithNextBatch
+    /// Busy while the hold lasts: the store then skips rows others hold and
+    /// writes each batch's lines before the next.
+    fn workload(&self, now: Instant) -> Workload {
+        match self.busy_until {
+            Some(until) if now < until => Workload::Busy,
+            _ => Workload::Idle,
         }
     }
 
@@ -168,11 +172,11 @@ impl<S: LockStore> LockSweeper<S> {
             let now = Instant::now();
             let limit = self.neighbours.limit(now);
             drain.limit_to(limit);
-            let lines = self.neighbours.lines(now);
+            let workload = self.neighbours.workload(now);
             let before = outcome.reported();
             let reaped = {
                 let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
-                expired.reap_expired(limit, lines, &mut report).await?
+                expired.reap_expired(limit, workload, &mut report).await?
             };
             let took = now.elapsed();
             self.neighbours.saw(reaped, Instant::now());
@@ -313,8 +317,8 @@ mod tests {
         calls: Arc<Mutex<Vec<&'static str>>>,
         /// The limit of every `reap_expired` call, in order.
         limits: Arc<Mutex<Vec<usize>>>,
-        /// When each `reap_expired` call was asked to write its lines.
-        lines: Arc<Mutex<Vec<Lines>>>,
+        /// The workload each `reap_expired` call was told of.
+        workloads: Arc<Mutex<Vec<Workload>>>,
         /// Fired by the next `drain_takeovers` (a signal mid-drain).
         cancel_on_drain: Arc<Mutex<Option<CancellationToken>>>,
     }
@@ -373,12 +377,12 @@ mod tests {
         async fn reap_expired(
             &mut self,
             limit: usize,
-            lines: Lines,
+            workload: Workload,
             report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
         ) -> Result<Reaped, StoreError> {
             self.called("reap");
             self.limits.lock().unwrap().push(limit);
-            self.lines.lock().unwrap().push(lines);
+            self.workloads.lock().unwrap().push(workload);
             let step = self
                 .script
                 .lock()
@@ -565,11 +569,11 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn busy_neighbours_pace_the_drain_and_get_each_batchs_lines_first() {
+    async fn busy_neighbours_get_small_paced_batches_that_skip_their_rows() {
         let stub = Stub::new(vec![
             Step::Reap(BATCH_SIZE),
             Step::Busy(BATCH_SIZE),
-            Step::Busy(BATCH_SIZE),
+            Step::Busy(BUSY_BATCH_SIZE),
             Step::Reap(7),
         ]);
         let (mut sweeper, lines) = sweeper(&stub);
@@ -578,21 +582,25 @@ mod tests {
         let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
         assert_eq!(
-            *stub.lines.lock().unwrap(),
+            *stub.workloads.lock().unwrap(),
             [
-                Lines::WithNextBatch,
-                Lines::WithNextBatch,
-                Lines::Now,
-                Lines::Now
+                Workload::Idle,
+                Workload::Idle,
+                Workload::Busy,
+                Workload::Busy
             ],
-            "an idle server's drain overlaps; once others are busy, lines before the next batch"
+            "the store is told once a batch saw others busy"
+        );
+        assert_eq!(
+            *stub.limits.lock().unwrap(),
+            [BATCH_SIZE, BATCH_SIZE, BUSY_BATCH_SIZE, BUSY_BATCH_SIZE]
         );
         assert_eq!(
             started.elapsed(),
             4 * BUSY_BATCH,
             "each busy batch, then a pause as long, after every full batch from the first busy one"
         );
-        assert_eq!(outcome.swept, 3 * BATCH_SIZE as u64 + 7);
+        assert_eq!(outcome.swept, (2 * BATCH_SIZE + BUSY_BATCH_SIZE + 7) as u64);
         assert_eq!(lines.lines().len(), outcome.swept as usize);
 
         // Within the hold the next sweep is paced from its first batch;
@@ -603,8 +611,8 @@ mod tests {
         *stub.script.lock().unwrap() = vec![Step::Reap(1)].into();
         sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
         assert_eq!(
-            stub.lines.lock().unwrap()[4..],
-            [Lines::Now, Lines::WithNextBatch]
+            stub.workloads.lock().unwrap()[4..],
+            [Workload::Busy, Workload::Idle]
         );
     }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
-use lease_sweeper::testing::store::{ExpiryStage, Lines, LockStore};
+use lease_sweeper::testing::store::{ExpiryStage, LockStore, Workload};
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -252,7 +252,7 @@ async fn batch_counts_calls_that_waited() {
             let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
             let mut sweep = store.begin_sweep().await?;
             sweep
-                .reap_expired(BATCH_SIZE, Lines::Now, &mut report)
+                .reap_expired(BATCH_SIZE, Workload::Busy, &mut report)
                 .await
         }
     });
@@ -304,7 +304,7 @@ async fn batch_counts_calls_that_waited() {
     let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
     let mut sweep = store.begin_sweep().await.unwrap();
     let quiet = sweep
-        .reap_expired(BATCH_SIZE, Lines::Now, &mut report)
+        .reap_expired(BATCH_SIZE, Workload::Busy, &mut report)
         .await
         .unwrap();
     assert_eq!((quiet.n, quiet.waiters), (10, 0));

@@ -87,9 +87,10 @@ async fn walk_refuses_bad_limit_or_page() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
     for sql in [
-        "SELECT * FROM lock_reap_walk(NULL, 0)",
-        "SELECT * FROM lock_reap_walk(-5, 0)",
-        "SELECT * FROM lock_reap_walk(10, NULL)",
+        "SELECT * FROM lock_reap_walk(NULL, 0, false)",
+        "SELECT * FROM lock_reap_walk(-5, 0, false)",
+        "SELECT * FROM lock_reap_walk(10, NULL, false)",
+        "SELECT * FROM lock_reap_walk(10, 0, NULL)",
     ] {
         assert_fails_with(&mut conn, sql, "22023").await;
     }
@@ -150,7 +151,7 @@ async fn walk_crosses_empty_pages_stops_at_sparse() {
     // Empty pages over more than three ranges, then the backlog.
     expired_behind_empty_pages(&mut conn, 3 * range + 8, 300).await;
     let (rows, next): (i64, i64) = sqlx::query_as(
-        "SELECT cardinality(lock_keys)::bigint, next_page FROM lock_reap_walk(100, 0)",
+        "SELECT cardinality(lock_keys)::bigint, next_page FROM lock_reap_walk(100, 0, false)",
     )
     .fetch_one(&mut conn)
     .await
@@ -172,7 +173,7 @@ async fn walk_crosses_empty_pages_stops_at_sparse() {
     )
     .await;
     let (rows, next): (i64, i64) = sqlx::query_as(
-        "SELECT coalesce(cardinality(lock_keys), 0)::bigint, next_page FROM lock_reap_walk(100, 0)",
+        "SELECT coalesce(cardinality(lock_keys), 0)::bigint, next_page FROM lock_reap_walk(100, 0, false)",
     )
     .fetch_one(&mut conn)
     .await
@@ -210,7 +211,7 @@ async fn walkers_split_ranges_without_waiting() {
     let mut first = db.connect().await;
     let mut first_tx = first.begin().await.unwrap();
     let taken_first: Vec<String> =
-        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(100, 0)")
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(100, 0, false)")
             .fetch_all(&mut *first_tx)
             .await
             .unwrap();
@@ -221,7 +222,7 @@ async fn walkers_split_ranges_without_waiting() {
     let mut second = db.connect().await;
     let started = std::time::Instant::now();
     let taken_second: Option<Vec<String>> =
-        sqlx::query_scalar("SELECT lock_keys FROM lock_reap_walk(100, 0)")
+        sqlx::query_scalar("SELECT lock_keys FROM lock_reap_walk(100, 0, false)")
             .fetch_one(&mut second)
             .await
             .expect("the second walker skips the held range instead of waiting on its rows");
@@ -247,9 +248,10 @@ async fn walkers_split_ranges_without_waiting() {
 }
 
 /// A walk that meets a row another session holds gives up after its
-/// lock_timeout instead of waiting for that session, and takes nothing.
+/// lock_timeout instead of waiting for that session, and takes nothing; the
+/// careful walk (rows locked first) skips that row and takes the rest.
 #[tokio::test]
-async fn walk_gives_up_on_a_held_row() {
+async fn walk_gives_up_on_a_held_row_careful_walk_skips_it() {
     use sqlx::Connection as _;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
@@ -262,7 +264,12 @@ async fn walk_gives_up_on_a_held_row() {
         .unwrap();
 
     let started = std::time::Instant::now();
-    assert_fails_with(&mut conn, "SELECT * FROM lock_reap_walk(1000, 0)", "55P03").await;
+    assert_fails_with(
+        &mut conn,
+        "SELECT * FROM lock_reap_walk(1000, 0, false)",
+        "55P03",
+    )
+    .await;
     assert!(
         started.elapsed() < std::time::Duration::from_secs(2),
         "it gave up after its lock_timeout: {:?}",
@@ -272,34 +279,16 @@ async fn walk_gives_up_on_a_held_row() {
         count(&mut conn, "SELECT count(*) FROM lock_entry").await,
         500
     );
+
+    let taken: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(1000, 0, true)")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(taken.len(), 499);
+    assert!(!taken.contains(&"held-250".to_owned()));
     tx.rollback().await.unwrap();
-}
-
-#[tokio::test]
-async fn backlog_behind_empty_pages_reported_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    // More empty pages than one walk range (BATCH_SIZE / 2 pages), and two
-    // and a half batches behind them.
-    let expired = BATCH_SIZE as i64 * 5 / 2;
-    expired_behind_empty_pages(&mut conn, BATCH_SIZE as i64 / 2 + 500, expired).await;
-
-    let (log, lines) = EventLog::in_memory();
-    let mut sweeper = LockSweeper::new(
-        PgLockStore::new(db.target()),
-        log,
-        Metrics::new(statsd.target()),
-    );
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-
-    assert_eq!(outcome.swept as i64, expired);
-    let reported = events(&lines.lines(), "lease_expired");
-    assert_eq!(reported.len() as i64, expired);
-    let keys: std::collections::HashSet<_> =
-        reported.iter().map(|f| f["lockKey"].clone()).collect();
-    assert_eq!(keys.len() as i64, expired, "no lease reported twice");
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 1);
 }
 
 /// `busy` counts the other sessions of the database running a statement
@@ -314,7 +303,7 @@ async fn walk_counts_busy_neighbours() {
     let mut idle = db.connect().await;
     exec(&mut idle, "SELECT 1").await;
     let walk_busy = async |conn: &mut sqlx::PgConnection| -> i32 {
-        sqlx::query_scalar("SELECT busy FROM lock_reap_walk(1, 0)")
+        sqlx::query_scalar("SELECT busy FROM lock_reap_walk(1, 0, false)")
             .fetch_one(conn)
             .await
             .unwrap()
