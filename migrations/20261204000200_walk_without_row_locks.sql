@@ -22,18 +22,23 @@
 --     never waited on, and released at its holder's commit. The advisory
 --     lock lives in the lock manager's memory: no WAL, no tuple write. At
 --     most lock_walk_max_ranges() are taken per call.
---   * The expired rows of the ranges taken are chosen without a row lock
---     and deleted by tuple id. Two walkers never meet (the ranges); an index
---     batch (lock_reap_expired: FOR UPDATE SKIP LOCKED) skips what a walker
---     deletes; a walker's DELETE that meets a row someone else holds (an
---     acquire stealing it, an index batch, any session's FOR UPDATE) waits
---     at most lock_timeout (50 ms, set on the function) and then fails
+--   * While no other session of the database is running a statement (no
+--     lock server at work), the expired rows of the ranges taken are chosen
+--     without a row lock and deleted by tuple id. Two walkers never meet
+--     (the ranges); an index batch (lock_reap_expired: FOR UPDATE SKIP
+--     LOCKED) skips what a walker deletes; a walker's DELETE that meets a
+--     row someone else holds (an index batch, any session's FOR UPDATE)
+--     waits at most lock_timeout (10 ms, set on the function) and then fails
 --     whole (SQLSTATE 55P03), and the sweeper hands the rest of that sweep
 --     to the index reap, which skips locked rows and sets failing ones
 --     aside. A row a walker chose that changed before its DELETE is
 --     re-checked by the DELETE (`expires_at <= now()` on the row as it is
 --     then): an acquire that stole it made it live, so it is not deleted
 --     and not reported here (the takeover is, from the outbox).
+--   * Beside a busy workload (the caller says so, p_skip_locked, or
+--     lock_reap_busy sees it as the call starts) the rows are locked first,
+--     FOR UPDATE SKIP LOCKED, as before: a lock server stealing the storm's
+--     keys must never wait for a walker that waits on it.
 --   * The DELETE's RETURNING feeds the hand-off row directly, as the rows'
 --     deadlines (timestamptz[]) and the statement's clock (reaped_at); the
 --     daemon derives expiredAtMillis and overdueMillis from them with
@@ -125,7 +130,9 @@ $$;
 REVOKE ALL ON FUNCTION lock_reap_busy() FROM PUBLIC;
 
 -- One walk batch: up to p_limit expired leases (finite deadlines) in heap
--- order from page p_from_page, in ranges no other walker holds, deleted,
+-- order from page p_from_page, in ranges no other walker holds, locked
+-- first and those others hold skipped when p_skip_locked or others are
+-- busy (see above), deleted,
 -- recorded in one hand-off row, committed by the caller. Returns one row:
 -- the hand-off's id (NULL when nothing was reaped), the page to go on from
 -- (-1: the end of the table), the batch as arrays (element i is one lease),
@@ -146,7 +153,7 @@ SET search_path = pg_catalog, public, pg_temp
 -- sequential scan of the whole table to 5,000 tuple fetches.
 SET enable_seqscan = off
 -- A row someone else holds fails the batch after this long (see above).
-SET lock_timeout = '50ms'
+SET lock_timeout = '10ms'
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -160,6 +167,10 @@ DECLARE
     v_found tid[];
     v_rows bigint;
     v_next bigint := GREATEST(p_from_page, 0);
+    -- Others at work right now: the walk then locks rows first and skips
+    -- those they hold, whatever the caller asked (it may not know yet).
+    v_busy integer := lock_reap_busy();
+    v_skip_locked boolean;
     v_counted boolean;
     v_age_xmin integer;
     v_age_xmax integer;
@@ -177,6 +188,7 @@ BEGIN
         RAISE EXCEPTION 'lock_reap_walk: skip_locked must be true or false'
             USING ERRCODE = '22023';
     END IF;
+    v_skip_locked := p_skip_locked OR v_busy > 0;
     WHILE p_limit > 0 LOOP
         IF v_lo >= v_pages THEN
             v_next := -1;
@@ -185,7 +197,7 @@ BEGIN
         v_hi := (v_range + 1) * lock_walk_range_pages();
         -- Infinite deadlines are left to lock_reap_expired, whose
         -- oldest-first batch (the first of every sweep) reaps them.
-        IF p_skip_locked THEN
+        IF v_skip_locked THEN
             SELECT pg_catalog.array_agg(d.ctid) INTO v_found
               FROM (SELECT ctid
                       FROM lock_entry
@@ -247,7 +259,7 @@ BEGIN
     END IF;
     IF pg_catalog.cardinality(v_doomed) = 0 THEN
         RETURN QUERY SELECT NULL::bigint, v_next, NULL::text[], NULL::text[], NULL::bigint[],
-                            NULL::timestamptz[], pg_catalog.now(), 0, lock_reap_busy();
+                            NULL::timestamptz[], pg_catalog.now(), 0, v_busy;
         RETURN;
     END IF;
     -- The held count's snapshot, once: a deleted lease is subtracted when
@@ -286,16 +298,52 @@ BEGIN
     )
     -- The waiters are counted after the DELETE, on the one row.
     SELECT h.handoff_id, v_next, h.lock_keys, h.owner_ids, h.tokens, h.expires_at, h.reaped_at,
-           lock_reap_waiters(), lock_reap_busy()
+           lock_reap_waiters(), v_busy
       FROM handed AS h;
     IF NOT FOUND THEN
         -- Every chosen row changed before the DELETE: nothing to hand off.
         RETURN QUERY SELECT NULL::bigint, v_next, NULL::text[], NULL::text[], NULL::bigint[],
-                            NULL::timestamptz[], pg_catalog.now(), lock_reap_waiters(),
-                            lock_reap_busy();
+                            NULL::timestamptz[], pg_catalog.now(), lock_reap_waiters(), v_busy;
     END IF;
 END
 $$;
+
+-- The probe a sweep starts with also says whether others are busy, when
+-- something has expired (an idle probe asks nothing more): the sweep's
+-- first batch is then already a careful one. As in 20261202000100
+-- otherwise; a new column needs the function dropped and created again,
+-- its grants with it.
+DROP FUNCTION lock_sweep_probe(bigint);
+CREATE FUNCTION lock_sweep_probe(p_max_age_millis bigint)
+RETURNS TABLE (expired boolean, takeovers boolean, held bigint, busy integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, public, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_expired boolean := EXISTS (SELECT 1 FROM lock_entry AS e WHERE e.expires_at <= pg_catalog.now());
+    v_takeovers boolean := EXISTS (SELECT 1 FROM lock_expiry_outbox)
+                           OR EXISTS (SELECT 1 FROM lock_reap_handoff AS h
+                                       WHERE h.written_at < pg_catalog.now() - signal_handoff_grace());
+    v_held bigint;
+BEGIN
+    IF v_expired THEN
+        RETURN QUERY SELECT true, v_takeovers, NULL::bigint, lock_reap_busy();
+        RETURN;
+    END IF;
+    SELECT c.held - COALESCE((SELECT pg_catalog.sum(d.n) FROM lock_held_delta AS d), 0::pg_catalog.int8)
+      INTO v_held
+      FROM lock_held_count AS c
+     WHERE c.singleton
+       AND c.counted_at > pg_catalog.now() - p_max_age_millis * '1 millisecond'::interval;
+    IF v_held IS NULL THEN
+        SELECT c.held INTO v_held FROM lock_held_count_get(p_max_age_millis) AS c;
+    END IF;
+    RETURN QUERY SELECT false, v_takeovers, v_held, 0;
+END
+$$;
+REVOKE ALL ON FUNCTION lock_sweep_probe(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION lock_sweep_probe(bigint) TO lease_sweeper;
 
 -- Recovery reads both forms of a hand-off (see above).
 CREATE OR REPLACE FUNCTION lock_handoff_recover()

@@ -101,6 +101,11 @@ pub trait ExpiryStage: Send {
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 
+    /// Other sessions running a statement when the sweep began, as its first
+    /// question saw them (0 when nothing had expired, or when the backend
+    /// cannot tell): the first batch can already be a careful one.
+    fn busy(&self) -> u32;
+
     /// Writes the lines of a batch still waiting for them; how many.
     fn finish(
         &mut self,

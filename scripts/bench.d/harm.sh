@@ -34,11 +34,18 @@
 # server processes that appeared with it), read when the StatsD listener has
 # counted the whole backlog.
 #
-# HARM_ROWS (default "storm other jobs") picks rows, e.g. HARM_ROWS=storm.
+#   floor       the other-keys load with, instead of the daemon, a shell busy
+#               loop on one core for $HARM_FLOOR_SECS s (no database work at
+#               all): what any process that takes a core costs the callers
+#               on this machine, the floor under every other row; run once,
+#               for the first build
+#
+# HARM_ROWS (default "storm other jobs floor") picks rows, e.g. HARM_ROWS=storm.
 #
 # Goals: p99 with ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without.
 
 HARM_AT=5 HARM_CLIENTS=8 HARM_THREADS=2 HARM_LOCK_RATE=1500 HARM_JOB_RATE=800 HARM_OTHER=20000
+HARM_FLOOR_SECS=3
 if ((QUICK)); then
     HARM_T=10 HARM_STORM=20000 HARM_LIVE=2000 HARM_JOBS=10000
 else
@@ -115,7 +122,7 @@ harm_side() {
     case $row in
     storm) script=harm_lock.pgbench rate=$HARM_LOCK_RATE defs=(-D lo=1 -D hi="$HARM_STORM")
         metric=lock.lease.expired target=$HARM_STORM ;;
-    other) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
+    other | floor) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
         defs=(-D lo=$((HARM_STORM + HARM_LIVE + 1)) -D hi=$((HARM_STORM + HARM_LIVE + HARM_OTHER)))
         metric=lock.lease.expired target=$HARM_STORM ;;
     jobs) script=harm_job.pgbench rate=$HARM_JOB_RATE defs=()
@@ -136,6 +143,11 @@ harm_side() {
     # same harness work inside the run.
     before=" $(harm_backends harm_run | paste -sd' ') "
     H_TD=$(now)
+    if [[ $row == floor ]]; then
+        # The floor's "daemon" is a busy loop, and its run ends with the load.
+        [[ $side == with ]] && { timeout "$HARM_FLOOR_SECS" sh -c 'while :; do :; done' & }
+        side=floor
+    fi
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
     while kill -0 "$pgb" 2>/dev/null; do
         [[ $side == with ]] && ((!reached)) && [[ -s $LRESULT ]] && harm_drained "$before"
@@ -175,7 +187,7 @@ bench_harm() {
     [[ -x $PG_BIN/pgbench ]] || { echo "bench: harm needs pgbench in $PG_BIN" >&2; return 1; }
     local bins=("$BIN") names=(this) i row r k
     if [[ -n $BASELINE ]]; then bins+=("$BASELINE"); names+=("baseline"); fi
-    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap")
+    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop")
     local -A message=([storm]=lease_expired [other]=lease_expired [jobs]=job_lease_expired)
     header "Harm: callers' latency (ms, pgbench -R, schedule lag included) while the daemon drains, against the same seconds without it ($RUNS runs; $HARM_STORM expired + $HARM_LIVE live leases, $HARM_JOBS stale jobs; daemon at ${HARM_AT} s of ${HARM_T} s)" \
         row build run "window s (from load start)" lines "with: n" "with p50" "with p99" "with max" \
@@ -184,7 +196,8 @@ bench_harm() {
         log "harm: seeding for ${names[i]} (${bins[i]})"
         harm_seed locks "seed_harm_locks" "${bins[i]}"
         harm_seed jobs "seed_harm_jobs" "${bins[i]}"
-        for row in ${HARM_ROWS:-storm other jobs}; do
+        for row in ${HARM_ROWS:-storm other jobs floor}; do
+            ((i > 0)) && [[ $row == floor ]] && continue
             [[ $row == jobs ]] && H_SEED=seed_harm_jobs || H_SEED=seed_harm_locks
             for ((r = 1; r <= RUNS; r++)); do
                 local order=(with without) load tl_with td_with tl_without cpu win s e lines
@@ -200,14 +213,18 @@ bench_harm() {
                     fi
                 done
                 local tag=$WORK/harm.$row.${names[i]}.$r
-                win=$(python3 "$HERE/harm_stats.py" window "$tag.with.daemon.log" "${message[$row]}")
-                lines=$(json /dev/stdin "d['count']" <<<"$win")
-                if ((lines == 0)); then
-                    echo "bench: harm: the daemon wrote no ${message[$row]} line on the ${label[$row]} run (see $tag.with.daemon.log.err)" >&2
-                    return 1
-                fi
                 s=$(calc "$td_with - $tl_with")
-                e=$(calc "$(json /dev/stdin "d['last']" <<<"$win") - $tl_with")
+                if [[ $row == floor ]]; then
+                    lines=— cpu=n/a e=$(calc "$s + $HARM_FLOOR_SECS")
+                else
+                    win=$(python3 "$HERE/harm_stats.py" window "$tag.with.daemon.log" "${message[$row]}")
+                    lines=$(json /dev/stdin "d['count']" <<<"$win")
+                    if ((lines == 0)); then
+                        echo "bench: harm: the daemon wrote no ${message[$row]} line on the ${label[$row]} run (see $tag.with.daemon.log.err)" >&2
+                        return 1
+                    fi
+                    e=$(calc "$(json /dev/stdin "d['last']" <<<"$win") - $tl_with")
+                fi
                 local cut=
                 if ! (($(calc "$e < $HARM_T"))); then
                     cut=", outlasted the load: latency up to ${HARM_T} s"
@@ -219,6 +236,7 @@ bench_harm() {
                 p99r=$(calc "$(json /dev/stdin "d['p99']" <<<"$with") / $(json /dev/stdin "d['p99']" <<<"$without")")
                 maxr=$(calc "$(json /dev/stdin "d['max']" <<<"$with") / $(json /dev/stdin "d['max']" <<<"$without")")
                 goals="p99 $( (($(calc "$p99r <= 1.25"))) && echo met || echo "**not met**"), max $( (($(calc "$maxr <= 2"))) && echo met || echo "**not met**")"
+                [[ $row == floor ]] && goals="none: what one busy core costs"
                 row "${label[$row]}" "${names[i]}" "$r ($(IFS=,; echo "${order[*]}"))" \
                     "$(fmt "$s" 2)–$(fmt "$e" 2) ($(fmt "$(calc "$e - $s")" 2) s$cut)" "$lines" \
                     "$(json /dev/stdin "d['n']" <<<"$with")" "$(harm_ms p50 "$with")" "$(harm_ms p99 "$with")" "$(harm_ms max "$with")" \

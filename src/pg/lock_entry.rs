@@ -93,14 +93,14 @@ SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_a
   FROM lock_reap_walk($1, $2, $3)";
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
-/// `migrations/`): is any lease expired, is any takeover recorded, and the
-/// shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
+/// `migrations/`): is any lease expired (and then, are others busy), is any
+/// takeover recorded, and the shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
 /// was swept since; NULL when something is expired: the sweep reads it after
 /// deleting). Sent alone with the
 /// simple protocol (`conn::probe_row`): one round trip, the argument a
 /// compile-time literal.
 pub const SWEEP_PROBE: &str = concat!(
-    "SELECT expired, takeovers, held FROM lock_sweep_probe(",
+    "SELECT expired, takeovers, held, busy FROM lock_sweep_probe(",
     held_count_max_age_ms!(),
     ")"
 );
@@ -434,6 +434,8 @@ pub struct SweepProbe {
     pub takeovers: bool,
     /// The shared held count; `None` when `expired` (read after the sweep).
     pub held: Option<i64>,
+    /// Other sessions running a statement, when `expired` (else 0).
+    pub busy: i32,
 }
 
 /// Asks `SWEEP_PROBE`. Its values come as text (simple protocol), which

@@ -42,8 +42,8 @@ struct Cursor {
     /// the first one).
     probed: bool,
     next: Next,
-    /// The walk ran out of its page budget during this sweep (expired rows
-    /// are sparse): the rest of the sweep uses the index.
+    /// The walk stopped at a sparse stretch or failed during this sweep:
+    /// the rest of the sweep uses the index.
     sparse: bool,
 }
 
@@ -68,6 +68,8 @@ pub struct PgTakeovers<'s> {
 struct Probe {
     takeovers: bool,
     held: Option<i64>,
+    /// Others were busy (asked only when something had expired).
+    busy: u32,
     /// Nothing was deleted since the probe, so its held count still stands.
     unchanged: bool,
 }
@@ -86,20 +88,14 @@ enum Next {
     Walk(i64),
 }
 
-/// Which of the deleting statements a batch runs.
+/// Which of the reaping statements a batch runs.
 #[derive(Clone, Copy)]
 enum Reap {
     /// By the expiry index, after this deadline (epoch ms; `None`: all).
-    Index {
-        after_millis: Option<i64>,
-    },
+    Index { after_millis: Option<i64> },
     /// By the heap, from this page; locking each row first and skipping
     /// those others hold, or deleting at once.
-    Walk {
-        from_page: i64,
-        skip_locked: bool,
-    },
-    Takeovers,
+    Walk { from_page: i64, skip_locked: bool },
 }
 
 /// What a committed batch did.
@@ -146,16 +142,11 @@ impl PgLockStore {
     }
 }
 
-/// One batch on `db`: delete (or drain), and for a deleting batch hand off
-/// and commit, its lines left to `write_handed_off`.
-async fn batch(
-    db: &mut Db,
-    kind: Reap,
-    limit: usize,
-    report: Report<'_>,
-) -> Result<Done, StoreError> {
+/// One batch on `db`: delete, hand off and commit, its lines left to
+/// `write_handed_off`.
+async fn batch(db: &mut Db, kind: Reap, limit: usize) -> Result<Done, StoreError> {
     let conn = db.conn().await?;
-    batch_in_tx(conn, kind, limit, report)
+    reap_in_tx(conn, kind, limit)
         .await
         .map_err(|failure| db.batch_failed(failure))
 }
@@ -186,6 +177,7 @@ async fn probe(db: &mut Db) -> Result<Probe, StoreError> {
         Ok(found) => Ok(Probe {
             takeovers: found.takeovers,
             held: found.held,
+            busy: u32::try_from(found.busy).unwrap_or(0),
             unchanged: !found.expired,
         }),
         Err(e) => Err(db.query_failed("lock_sweep_probe", e)),
@@ -199,9 +191,8 @@ impl Cursor {
         db: &mut Db,
         after_millis: Option<i64>,
         limit: usize,
-        report: Report<'_>,
     ) -> Result<Done, StoreError> {
-        let done = batch(db, Reap::Index { after_millis }, limit, report).await?;
+        let done = batch(db, Reap::Index { after_millis }, limit).await?;
         self.next = if done.n < limit {
             self.sparse = false;
             Next::Oldest
@@ -223,33 +214,32 @@ impl Cursor {
         db: &mut Db,
         limit: usize,
         workload: Workload,
-        report: Report<'_>,
     ) -> Result<Taken, StoreError> {
         // Beside a busy workload the walk skips the rows others hold (it
         // locks each first); alone it deletes without that second write.
         let skip_locked = workload == Workload::Busy;
         let mut taken = Taken::default();
         match self.next {
-            Next::Oldest => taken.add(self.index_batch(db, None, limit, report).await?),
-            Next::After(after) => {
-                taken.add(self.index_batch(db, Some(after), limit, report).await?)
-            }
+            Next::Oldest => taken.add(self.index_batch(db, None, limit).await?),
+            Next::After(after) => taken.add(self.index_batch(db, Some(after), limit).await?),
             Next::Walk(from_page) => {
                 let walk = Reap::Walk {
                     from_page,
                     skip_locked,
                 };
-                let done = match batch(db, walk, limit, report).await {
+                let done = match batch(db, walk, limit).await {
                     Ok(done) => done,
                     // A walk batch that failed rolled back whole (a row that
                     // cannot be deleted, or one another session holds). The
                     // index reap sets such a row aside or skips it instead of
                     // failing, so it takes over this sweep; if the database is
-                    // gone, it fails too, as it should.
+                    // gone, it fails too, as it should. Someone holding rows
+                    // is someone busy: the next batches are careful ones.
                     Err(StoreError::Query { .. }) => {
                         self.sparse = true;
                         self.next = Next::Oldest;
-                        taken.add(self.index_batch(db, None, limit, report).await?);
+                        taken.add(self.index_batch(db, None, limit).await?);
+                        taken.reaped.busy = taken.reaped.busy.max(1);
                         return Ok(taken);
                     }
                     Err(e) => return Err(e),
@@ -270,23 +260,21 @@ impl Cursor {
                 // The walk stopped at a sparse range: too few expired rows per
                 // page for it to pay; the index takes over at once.
                 self.sparse = true;
-                taken.add(self.index_batch(db, None, limit, report).await?);
+                taken.add(self.index_batch(db, None, limit).await?);
             }
         }
         Ok(taken)
     }
 }
 
-/// Delete (or drain), report, commit. A takeover's record is the outbox row
-/// its transaction deletes, which no lock-server call waits on: report, then
-/// commit. Deleted leases hold row locks an acquire of their key waits on:
-/// the reaping call hands them off and the transaction commits; their lines
-/// are written afterwards, under a claim of the hand-off (`write_handed_off`).
-async fn batch_in_tx(
+/// Delete and hand off, commit. Deleted leases hold row locks an acquire of
+/// their key waits on: the reaping call hands them off and the transaction
+/// commits; their lines are written afterwards, under a claim of the
+/// hand-off (`write_handed_off`).
+async fn reap_in_tx(
     conn: &mut sqlx::PgConnection,
     kind: Reap,
     limit: usize,
-    report: Report<'_>,
 ) -> Result<Done, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
     let (batch, next_page) = match kind {
@@ -305,21 +293,6 @@ async fn batch_in_tx(
                 .map_err(|e| BatchFailure::Query("lock_reap_walk", e))?;
             (batch, Some(next))
         }
-        Reap::Takeovers => {
-            let drained = locks::drain_takeovers(&mut tx, limit)
-                .await
-                .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?;
-            log_set_aside(&drained.set_aside);
-            conn::report_then_commit(tx, &drained.reaped, report).await?;
-            return Ok(Done {
-                n: drained.reaped.len(),
-                newest_millis: None,
-                next_page: None,
-                waiters: 0,
-                busy: 0,
-                handed_off: None,
-            });
-        }
     };
     log_set_aside(&batch.set_aside);
     conn::commit(tx).await?;
@@ -334,6 +307,23 @@ async fn batch_in_tx(
             leases: batch.leases,
         }),
     })
+}
+
+/// Drains recorded takeovers, reports them, commits. A takeover's record is
+/// the outbox row its transaction deletes, which no lock-server call waits
+/// on: its lines are written before the commit. The number reported.
+async fn takeovers_in_tx(
+    conn: &mut sqlx::PgConnection,
+    limit: usize,
+    report: Report<'_>,
+) -> Result<usize, BatchFailure> {
+    let mut tx = conn::begin(conn).await?;
+    let drained = locks::drain_takeovers(&mut tx, limit)
+        .await
+        .map_err(|e| BatchFailure::Query("lock_drain_takeovers", e))?;
+    log_set_aside(&drained.set_aside);
+    conn::report_then_commit(tx, &drained.reaped, report).await?;
+    Ok(drained.reaped.len())
 }
 
 /// Reports and deletes one hand-off another sweeper (or this one, before a
@@ -420,13 +410,11 @@ impl<'s> ExpiryStage for PgSweep<'s> {
         }
         let taken = match pending.take() {
             // The last batch's lines on the writer while this one is taken:
-            // the daemon writes while the database deletes. Only the writer
-            // reports here: the batch being taken is handed off, not written.
+            // the daemon writes while the database deletes.
             Some(last) if workload == Workload::Idle => {
                 *overlapped = true;
-                let mut no_report = |_: &[ExpiredLease]| Ok(());
                 let (taken, written) = tokio::join!(
-                    cursor.take(db, limit, workload, &mut no_report),
+                    cursor.take(db, limit, workload),
                     write_handed_off(writer, last, report)
                 );
                 written?;
@@ -434,9 +422,9 @@ impl<'s> ExpiryStage for PgSweep<'s> {
             }
             Some(last) => {
                 write_handed_off(db, last, report).await?;
-                cursor.take(db, limit, workload, report).await
+                cursor.take(db, limit, workload).await
             }
-            None => cursor.take(db, limit, workload, report).await,
+            None => cursor.take(db, limit, workload).await,
         };
         cursor.probe.unchanged = false;
         let mut taken = match taken {
@@ -460,6 +448,10 @@ impl<'s> ExpiryStage for PgSweep<'s> {
         }
         *pending = last;
         Ok(taken.reaped)
+    }
+
+    fn busy(&self) -> u32 {
+        self.cursor.probe.busy
     }
 
     async fn finish(&mut self, report: Report<'_>) -> Result<usize, StoreError> {
@@ -507,11 +499,11 @@ impl TakeoverStage for PgTakeovers<'_> {
             }
             n += recovered;
         }
-        Ok(
-            n + batch(&mut self.store.db, Reap::Takeovers, limit, report)
-                .await?
-                .n,
-        )
+        let conn = db.conn().await?;
+        let drained = takeovers_in_tx(conn, limit, report)
+            .await
+            .map_err(|failure| db.batch_failed(failure))?;
+        Ok(n + drained)
     }
 
     async fn held_count(self) -> Result<i64, StoreError> {

@@ -167,6 +167,14 @@ impl<S: LockStore> LockSweeper<S> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
         let mut expired = self.store.begin_sweep().await?;
+        let busy = expired.busy();
+        self.neighbours.saw(
+            Reaped {
+                busy,
+                ..Reaped::default()
+            },
+            Instant::now(),
+        );
         let mut drain = Drain::new(BATCH_SIZE);
         while drain.go_on(cancel) {
             let now = Instant::now();
@@ -319,6 +327,8 @@ mod tests {
         limits: Arc<Mutex<Vec<usize>>>,
         /// The workload each `reap_expired` call was told of.
         workloads: Arc<Mutex<Vec<Workload>>>,
+        /// What `busy` says when the next sweep begins.
+        busy_at_begin: Arc<Mutex<u32>>,
         /// Fired by the next `drain_takeovers` (a signal mid-drain).
         cancel_on_drain: Arc<Mutex<Option<CancellationToken>>>,
     }
@@ -415,6 +425,10 @@ mod tests {
                 source,
             })?;
             Ok(Reaped { n, waiters, busy })
+        }
+
+        fn busy(&self) -> u32 {
+            *self.busy_at_begin.lock().unwrap()
         }
 
         async fn finish(
@@ -613,6 +627,24 @@ mod tests {
         assert_eq!(
             stub.workloads.lock().unwrap()[4..],
             [Workload::Busy, Workload::Idle]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_that_begins_beside_busy_sessions_starts_careful() {
+        let stub = Stub::new(vec![Step::Reap(BUSY_BATCH_SIZE), Step::Reap(3)]);
+        *stub.busy_at_begin.lock().unwrap() = 2;
+        let (mut sweeper, _lines) = sweeper(&stub);
+
+        sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+        assert_eq!(
+            *stub.workloads.lock().unwrap(),
+            [Workload::Busy, Workload::Busy]
+        );
+        assert_eq!(
+            *stub.limits.lock().unwrap(),
+            [BUSY_BATCH_SIZE, BUSY_BATCH_SIZE]
         );
     }
 

@@ -25,17 +25,20 @@ async fn sweep_probe_decodes_from_text() {
         SweepProbe {
             expired: false,
             takeovers: false,
-            held: Some(0)
+            held: Some(0),
+            busy: 0
         }
     );
     insert_expired(&mut conn, "probe-", 3, 1_000).await;
-    // Something expired: no count (the sweep reads it after deleting).
+    // Something expired: no count (the sweep reads it after deleting), and
+    // whether others are busy: an idle test database has nobody.
     assert_eq!(
         locks::sweep_probe(&mut conn).await.unwrap(),
         SweepProbe {
             expired: true,
             takeovers: false,
-            held: None
+            held: None,
+            busy: 0
         }
     );
 }
