@@ -106,21 +106,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT 1819767393 $$;
 REVOKE ALL ON FUNCTION lock_walk_lock_class() FROM PUBLIC;
 
--- How many other sessions of this database are running a statement right
--- now: the workload the sweeper shares the server with. A session holds a
--- snapshot (backend_xmin) while its statement runs, or through a REPEATABLE
--- READ transaction, and every role sees backend_xmin (the state column
--- needs pg_read_all_stats). Sessions with the caller's application_name
--- (the sweepers, their other services) are not counted, nor background
--- workers (no user: autovacuum, which a drain itself sets off). The sweeper
--- paces a backlog's drain while it sees any: it yields the server to them.
+-- How many other sessions of this database are at work right now: the
+-- workload the sweeper shares the server with. A session holds a snapshot
+-- (backend_xmin) while its statement runs, or through a REPEATABLE READ
+-- transaction, and a transaction id (backend_xid) once it writes, until it
+-- ends; every role sees both (the state column needs pg_read_all_stats).
+-- Sessions with the caller's application_name (the sweepers, their other
+-- services) are not counted, nor background workers (no user: autovacuum,
+-- which a drain itself sets off). It is a sample of one instant: the
+-- sweeper asks at the start of each sweep that has something to reap and
+-- with each walk batch, and keeps the answer for a while.
 CREATE FUNCTION lock_reap_busy() RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, public, pg_temp
 AS $$
     SELECT pg_catalog.count(*)::pg_catalog.int4
       FROM pg_catalog.pg_stat_get_activity(NULL::pg_catalog.int4) AS a
-     WHERE a.backend_xmin IS NOT NULL
+     WHERE (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
        AND a.usesysid IS NOT NULL
        AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
                                             WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())

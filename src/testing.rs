@@ -73,7 +73,7 @@ pub mod sweep {
 }
 
 pub mod lock_sweeper {
-    pub use crate::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
+    pub use crate::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper, SMALL_BATCH_SIZE};
 }
 
 pub mod job_reaper {

@@ -26,19 +26,21 @@ use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 /// of a 2-core machine) at 7.6 MiB peak RSS instead of 15 or 28 MiB.
 pub const BATCH_SIZE: usize = 5_000;
 
-/// The batch while lock-server calls contend with the sweep (clients
-/// re-acquiring a storm's keys). A call on a key of the batch being deleted
-/// waits for the reaping statement, which takes about 5 ms per 1,000
-/// leases, and a batch takes its share of the storm's keys: at 5,000 of
-/// 200,000, one re-acquire in 40 waited about 25 ms, enough to move the
-/// callers' 99th percentile. 500 makes that one in 400, for about 3 ms.
-pub const CONTENDED_BATCH_SIZE: usize = 500;
+/// The batch of a sweep that may be harming someone: the first of every
+/// sweep (taken before anything is known of a storm), and every batch while
+/// lock-server calls wait on the sweep's rows or other sessions are busy. A
+/// call on a key of the batch being deleted waits for the reaping statement,
+/// about 5 ms per 1,000 leases, and a batch takes its share of a storm's
+/// keys: at 5,000 of 200,000, one re-acquire in 40 waited about 25 ms (80 ms
+/// beside a busy workload), enough to move the callers' 99th percentile.
+/// 500 makes that one in 400, for a few ms.
+pub const SMALL_BATCH_SIZE: usize = 500;
 
-/// How long batches stay at `CONTENDED_BATCH_SIZE` after the last one a
-/// lock-server call was seen waiting on, and a drain paced after the last
-/// batch that saw other sessions busy. Small batches are rarely hit, so the
-/// hold, not the next hit, keeps them small while a storm lasts; an
-/// uncontended drain never sees a waiter and keeps `BATCH_SIZE`.
+/// How long batches stay at `SMALL_BATCH_SIZE` after the last one a
+/// lock-server call was seen waiting on, and a drain careful and paced after
+/// the last batch that saw other sessions busy. Small batches are rarely
+/// hit, so the hold, not the next hit, keeps them small while a storm lasts;
+/// a drain alone on the server never sees either and keeps `BATCH_SIZE`.
 pub const CONTENTION_HOLD: Duration = Duration::from_secs(5);
 
 /// The pause after each full batch while other sessions are busy, as a
@@ -49,10 +51,6 @@ pub const CONTENTION_HOLD: Duration = Duration::from_secs(5);
 /// taken. Measured in docs/performance.md (the harm step): what the lock
 /// server's callers pay at each setting, and what the drain's speed does.
 pub const BUSY_PACE: u32 = 1;
-
-/// The batch while other sessions are busy: a statement of a few
-/// milliseconds, so no caller waits long for the core or a row it takes.
-pub const BUSY_BATCH_SIZE: usize = 500;
 
 /// What the last batches said about the sweeper's neighbours: how big the
 /// next batch is, whether to pause after it, and whether its lines may wait
@@ -68,8 +66,8 @@ struct Neighbours {
 impl Neighbours {
     fn limit(&self, now: Instant) -> usize {
         match (self.contended_until, self.workload(now)) {
-            (Some(until), _) if now < until => CONTENDED_BATCH_SIZE,
-            (_, Workload::Busy) => BUSY_BATCH_SIZE,
+            (Some(until), _) if now < until => SMALL_BATCH_SIZE,
+            (_, Workload::Busy) => SMALL_BATCH_SIZE,
             _ => BATCH_SIZE,
         }
     }
@@ -176,9 +174,13 @@ impl<S: LockStore> LockSweeper<S> {
             Instant::now(),
         );
         let mut drain = Drain::new(BATCH_SIZE);
+        let mut first = true;
         while drain.go_on(cancel) {
             let now = Instant::now();
-            let limit = self.neighbours.limit(now);
+            let limit = match std::mem::take(&mut first) {
+                true => SMALL_BATCH_SIZE,
+                false => self.neighbours.limit(now),
+            };
             drain.limit_to(limit);
             let workload = self.neighbours.workload(now);
             let before = outcome.reported();
@@ -482,7 +484,7 @@ mod tests {
     #[tokio::test]
     async fn full_batches_are_followed_by_more_until_a_short_one() {
         let stub = Stub::new(vec![
-            Step::Reap(BATCH_SIZE),
+            Step::Reap(SMALL_BATCH_SIZE),
             Step::Reap(BATCH_SIZE),
             Step::Reap(3),
             Step::Reap(99),
@@ -491,11 +493,17 @@ mod tests {
 
         let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
-        assert_eq!(outcome.swept, 2 * BATCH_SIZE as u64 + 3);
+        let swept = SMALL_BATCH_SIZE + BATCH_SIZE + 3;
+        assert_eq!(outcome.swept, swept as u64);
         assert_eq!(outcome.batches, 3);
         assert_eq!(outcome.held, Some(3));
         assert_eq!(stub.reaps(), 3, "a short batch ends the drain");
-        assert_eq!(lines.lines().len(), 2 * BATCH_SIZE + 3);
+        assert_eq!(
+            *stub.limits.lock().unwrap(),
+            [SMALL_BATCH_SIZE, BATCH_SIZE, BATCH_SIZE],
+            "a sweep's first batch is small, the next ones full-size"
+        );
+        assert_eq!(lines.lines().len(), swept);
     }
 
     #[tokio::test]
@@ -547,9 +555,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn batches_shrink_while_lock_server_calls_wait_and_grow_back_after_the_hold() {
         let stub = Stub::new(vec![
+            Step::Reap(SMALL_BATCH_SIZE),
             Step::Contended(BATCH_SIZE),
-            Step::Reap(CONTENDED_BATCH_SIZE),
-            Step::Reap(CONTENDED_BATCH_SIZE),
+            Step::Reap(SMALL_BATCH_SIZE),
             Step::Reap(7),
         ]);
         let (mut sweeper, lines) = sweeper(&stub);
@@ -559,35 +567,44 @@ mod tests {
         assert_eq!(
             *stub.limits.lock().unwrap(),
             [
+                SMALL_BATCH_SIZE,
                 BATCH_SIZE,
-                CONTENDED_BATCH_SIZE,
-                CONTENDED_BATCH_SIZE,
-                CONTENDED_BATCH_SIZE
+                SMALL_BATCH_SIZE,
+                SMALL_BATCH_SIZE
             ],
             "smaller batches once a call waited; a full small batch goes on"
         );
         assert_eq!(
             outcome.swept,
-            (BATCH_SIZE + 2 * CONTENDED_BATCH_SIZE + 7) as u64
+            (BATCH_SIZE + 2 * SMALL_BATCH_SIZE + 7) as u64
         );
         assert_eq!(lines.lines().len(), outcome.swept as usize);
 
-        // Within the hold the next sweep starts small; after it, large again.
-        *stub.script.lock().unwrap() = vec![Step::Reap(1)].into();
+        // Within the hold the next sweep stays small after its first batch;
+        // after it, full-size again.
+        *stub.script.lock().unwrap() = vec![Step::Reap(SMALL_BATCH_SIZE), Step::Reap(1)].into();
         sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
         tokio::time::advance(CONTENTION_HOLD).await;
-        *stub.script.lock().unwrap() = vec![Step::Reap(1)].into();
+        *stub.script.lock().unwrap() = vec![Step::Reap(SMALL_BATCH_SIZE), Step::Reap(1)].into();
         sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
         let limits = stub.limits.lock().unwrap();
-        assert_eq!(limits[4..], [CONTENDED_BATCH_SIZE, BATCH_SIZE]);
+        assert_eq!(
+            limits[4..],
+            [
+                SMALL_BATCH_SIZE,
+                SMALL_BATCH_SIZE,
+                SMALL_BATCH_SIZE,
+                BATCH_SIZE
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn busy_neighbours_get_small_paced_batches_that_skip_their_rows() {
         let stub = Stub::new(vec![
-            Step::Reap(BATCH_SIZE),
+            Step::Reap(SMALL_BATCH_SIZE),
             Step::Busy(BATCH_SIZE),
-            Step::Busy(BUSY_BATCH_SIZE),
+            Step::Busy(SMALL_BATCH_SIZE),
             Step::Reap(7),
         ]);
         let (mut sweeper, lines) = sweeper(&stub);
@@ -607,14 +624,22 @@ mod tests {
         );
         assert_eq!(
             *stub.limits.lock().unwrap(),
-            [BATCH_SIZE, BATCH_SIZE, BUSY_BATCH_SIZE, BUSY_BATCH_SIZE]
+            [
+                SMALL_BATCH_SIZE,
+                BATCH_SIZE,
+                SMALL_BATCH_SIZE,
+                SMALL_BATCH_SIZE
+            ]
         );
         assert_eq!(
             started.elapsed(),
             4 * BUSY_BATCH,
             "each busy batch, then a pause as long, after every full batch from the first busy one"
         );
-        assert_eq!(outcome.swept, (2 * BATCH_SIZE + BUSY_BATCH_SIZE + 7) as u64);
+        assert_eq!(
+            outcome.swept,
+            (BATCH_SIZE + 2 * SMALL_BATCH_SIZE + 7) as u64
+        );
         assert_eq!(lines.lines().len(), outcome.swept as usize);
 
         // Within the hold the next sweep is paced from its first batch;
@@ -632,7 +657,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_sweep_that_begins_beside_busy_sessions_starts_careful() {
-        let stub = Stub::new(vec![Step::Reap(BUSY_BATCH_SIZE), Step::Reap(3)]);
+        let stub = Stub::new(vec![Step::Reap(SMALL_BATCH_SIZE), Step::Reap(3)]);
         *stub.busy_at_begin.lock().unwrap() = 2;
         let (mut sweeper, _lines) = sweeper(&stub);
 
@@ -644,7 +669,7 @@ mod tests {
         );
         assert_eq!(
             *stub.limits.lock().unwrap(),
-            [BUSY_BATCH_SIZE, BUSY_BATCH_SIZE]
+            [SMALL_BATCH_SIZE, SMALL_BATCH_SIZE]
         );
     }
 
@@ -652,7 +677,7 @@ mod tests {
     async fn a_shutdown_mid_drain_stops_between_batches() {
         let token = CancellationToken::new();
         let stub = Stub::new(vec![
-            Step::ReapThenCancel(BATCH_SIZE, token.clone()),
+            Step::ReapThenCancel(SMALL_BATCH_SIZE, token.clone()),
             Step::Reap(BATCH_SIZE),
         ]);
         let (mut sweeper, lines) = sweeper(&stub);
@@ -660,10 +685,10 @@ mod tests {
         let outcome = sweeper.sweep_once(&token).await.unwrap();
 
         assert!(outcome.interrupted);
-        assert_eq!((outcome.swept, stub.reaps()), (BATCH_SIZE as u64, 1));
+        assert_eq!((outcome.swept, stub.reaps()), (SMALL_BATCH_SIZE as u64, 1));
         assert_eq!(
             lines.lines().len(),
-            BATCH_SIZE,
+            SMALL_BATCH_SIZE,
             "the finished batch was reported"
         );
         assert_eq!(

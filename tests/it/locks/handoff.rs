@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
 use lease_sweeper::testing::lock_store::PgLockStore;
-use lease_sweeper::testing::lock_sweeper::BATCH_SIZE;
+use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, SMALL_BATCH_SIZE};
 use lease_sweeper::testing::store::{ExpiryStage, LockStore, Workload};
 use sqlx::PgConnection;
 
@@ -25,8 +25,9 @@ use crate::support::{
     insert_stale_jobs, open_gates, poll, wait_until,
 };
 
-/// One whole batch: its lines fill a pipe's buffer many times over.
-const LEASES: i64 = BATCH_SIZE as i64;
+/// One whole batch, a sweep's first (a small one): its lines still fill a
+/// pipe's buffer.
+const LEASES: i64 = SMALL_BATCH_SIZE as i64;
 
 /// A lock wait longer than this fails the statement (SQLSTATE 55P03): what
 /// "does not wait on the sweeper" means here.
