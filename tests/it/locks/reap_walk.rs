@@ -251,7 +251,7 @@ async fn walkers_split_ranges_without_waiting() {
 /// lock_timeout instead of waiting for that session, and takes nothing; the
 /// careful walk (rows locked first) skips that row and takes the rest.
 #[tokio::test]
-async fn walk_gives_up_on_a_held_row_careful_walk_skips_it() {
+async fn held_row_fails_fast_walk_careful_skips() {
     use sqlx::Connection as _;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;

@@ -161,7 +161,7 @@ async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
 /// On an idle server a backlog's lines are written on a second connection
 /// while the next batch is taken; the daemon holds it only while it drains.
 #[tokio::test]
-async fn drain_writes_on_a_second_connection_closed_once_idle() {
+async fn writer_connection_only_while_draining() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -204,7 +204,7 @@ async fn drain_writes_on_a_second_connection_closed_once_idle() {
 /// While another session of the database runs a statement, a backlog is
 /// drained paced, each batch's lines before the next: still each lease once.
 #[tokio::test]
-async fn drain_beside_a_busy_session_reports_each_once() {
+async fn busy_neighbour_paced_drain_each_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
