@@ -148,6 +148,27 @@ async fn backlog_drained_in_one_sweep() {
     );
 }
 
+/// `n` leases swept, one line each, no key twice, and every hand-off
+/// claimed once its lines were out.
+async fn assert_each_once_none_left(
+    conn: &mut sqlx::PgConnection,
+    lines: &[String],
+    n: i64,
+    swept: u64,
+) {
+    assert_eq!(swept, n as u64);
+    let keys: HashSet<String> = events(lines, "lease_expired")
+        .into_iter()
+        .map(|f| f["lockKey"].clone())
+        .collect();
+    assert_eq!((lines.len(), keys.len()), (n as usize, n as usize));
+    assert_eq!(
+        count(conn, "SELECT count(*) FROM lock_reap_handoff").await,
+        0,
+        "every hand-off claimed once its lines were out"
+    );
+}
+
 /// The sweeper's connections on this test's database.
 async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
     count(
@@ -171,17 +192,7 @@ async fn writer_connection_only_while_draining() {
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
-    assert_eq!(outcome.swept, n as u64);
-    let keys: HashSet<String> = events(&log.lines(), "lease_expired")
-        .into_iter()
-        .map(|f| f["lockKey"].clone())
-        .collect();
-    assert_eq!((log.lines().len(), keys.len()), (n as usize, n as usize));
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
-        0,
-        "every hand-off claimed once its lines were out"
-    );
+    assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
     assert_eq!(
         sweeper_connections(&mut conn).await,
         2,
@@ -238,16 +249,7 @@ async fn busy_neighbour_paced_drain_each_once() {
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
-    assert_eq!(outcome.swept, n as u64);
-    let keys: HashSet<String> = events(&log.lines(), "lease_expired")
-        .into_iter()
-        .map(|f| f["lockKey"].clone())
-        .collect();
-    assert_eq!((log.lines().len(), keys.len()), (n as usize, n as usize));
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_reap_handoff").await,
-        0
-    );
+    assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
     sqlx::query("SELECT pg_cancel_backend($1)")
         .bind(neighbour_pid)
         .execute(&mut conn)
