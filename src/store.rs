@@ -106,11 +106,11 @@ pub trait ExpiryStage: Send {
     /// cannot tell): the first batch can already be a careful one.
     fn busy(&self) -> u32;
 
-    /// Writes the lines of a batch still waiting for them; how many.
+    /// Writes the lines of a batch still waiting for them.
     fn finish(
         &mut self,
         report: Report<'_, ExpiredLease>,
-    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Ends the reaping of expired leases.
     fn into_takeovers(self) -> Self::Takeovers;

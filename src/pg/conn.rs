@@ -180,6 +180,20 @@ impl Db {
         self.conn = None;
     }
 
+    /// Runs one batch's transactions (`body`) on the connection, connecting
+    /// first if there is none; a failure becomes a `StoreError` and drops the
+    /// connection (`batch_failed`).
+    pub async fn batch<T>(
+        &mut self,
+        body: impl AsyncFnOnce(&mut PgConnection) -> Result<T, BatchFailure>,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn().await?;
+        match body(conn).await {
+            Ok(done) => Ok(done),
+            Err(failure) => Err(self.batch_failed(failure)),
+        }
+    }
+
     /// Turns a failed batch (see `BatchFailure`) into a `StoreError` and drops
     /// the connection.
     pub fn batch_failed(&mut self, failure: BatchFailure) -> StoreError {

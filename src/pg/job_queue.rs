@@ -236,10 +236,9 @@ impl JobQueue for PgJobQueue {
     }
 
     async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
-        let conn = self.db.conn().await?;
-        recover_in_tx(conn, report)
+        self.db
+            .batch(async |c| recover_in_tx(c, report).await)
             .await
-            .map_err(|f| self.db.batch_failed(f))
     }
 
     /// `STALE_COUNT`.
@@ -259,10 +258,9 @@ impl JobQueue for PgJobQueue {
         limit: usize,
         report: Report<'_, JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
-        let conn = self.db.conn().await?;
-        apply_in_tx(conn, actor, limit, report)
+        self.db
+            .batch(async |c| apply_in_tx(c, actor, limit, report).await)
             .await
-            .map_err(|f| self.db.batch_failed(f))
     }
 }
 

@@ -145,28 +145,24 @@ impl PgLockStore {
 /// One batch on `db`: delete, hand off and commit, its lines left to
 /// `write_handed_off`.
 async fn batch(db: &mut Db, kind: Reap, limit: usize) -> Result<Done, StoreError> {
-    let conn = db.conn().await?;
-    reap_in_tx(conn, kind, limit)
-        .await
-        .map_err(|failure| db.batch_failed(failure))
+    db.batch(async |c| reap_in_tx(c, kind, limit).await).await
 }
 
 /// Writes a handed-off batch's lines on `db` under a claim of its hand-off
 /// row (`conn::claim_then_report`): none when another sweeper recovered it
-/// first and wrote them. The number of leases whose lines it wrote.
+/// first and wrote them.
 async fn write_handed_off(
     db: &mut Db,
     batch: HandedOff,
     report: Report<'_>,
-) -> Result<usize, StoreError> {
-    let conn = db.conn().await?;
+) -> Result<(), StoreError> {
     let id = batch.handoff_id;
     let claim = async |c: &mut sqlx::PgConnection| locks::handoff_claim(c, id).await;
-    match conn::claim_then_report(conn, "lock_handoff_claim", claim, &batch.leases, report).await {
-        Ok(true) => Ok(batch.leases.len()),
-        Ok(false) => Ok(0),
-        Err(failure) => Err(db.batch_failed(failure)),
-    }
+    db.batch(async |c| {
+        conn::claim_then_report(c, "lock_handoff_claim", claim, &batch.leases, report).await
+    })
+    .await
+    .map(|_| ())
 }
 
 /// Asks whether anything expired or was taken over, and the shared count:
@@ -454,17 +450,16 @@ impl<'s> ExpiryStage for PgSweep<'s> {
         self.cursor.probe.busy
     }
 
-    async fn finish(&mut self, report: Report<'_>) -> Result<usize, StoreError> {
-        let written = match self.pending.take() {
-            Some(last) => write_handed_off(&mut self.store.db, last, report).await?,
-            None => 0,
-        };
+    async fn finish(&mut self, report: Report<'_>) -> Result<(), StoreError> {
+        if let Some(last) = self.pending.take() {
+            write_handed_off(&mut self.store.db, last, report).await?;
+        }
         if !self.overlapped {
             // A sweep that needed no writer closes it: a daemon holds the
             // second connection only while it drains.
             self.store.writer.reset();
         }
-        Ok(written)
+        Ok(())
     }
 
     fn into_takeovers(self) -> Self::Takeovers {
@@ -490,19 +485,15 @@ impl TakeoverStage for PgTakeovers<'_> {
         let db = &mut self.store.db;
         let mut n = 0;
         loop {
-            let conn = db.conn().await?;
-            let recovered = recover_in_tx(conn, report)
-                .await
-                .map_err(|failure| db.batch_failed(failure))?;
+            let recovered = db.batch(async |c| recover_in_tx(c, report).await).await?;
             if recovered == 0 {
                 break;
             }
             n += recovered;
         }
-        let conn = db.conn().await?;
-        let drained = takeovers_in_tx(conn, limit, report)
-            .await
-            .map_err(|failure| db.batch_failed(failure))?;
+        let drained = db
+            .batch(async |c| takeovers_in_tx(c, limit, report).await)
+            .await?;
         Ok(n + drained)
     }
 

@@ -436,9 +436,9 @@ mod tests {
         async fn finish(
             &mut self,
             _report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
-        ) -> Result<usize, StoreError> {
+        ) -> Result<(), StoreError> {
             self.called("finish");
-            Ok(0)
+            Ok(())
         }
 
         fn into_takeovers(self) -> Stub {
