@@ -5,8 +5,6 @@
 //! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
 //! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -124,15 +122,7 @@ impl<Q: JobQueue> JobReaper<Q> {
         };
         let backend = self.queue.backend_id();
         let mut drain = Drain::paced(JOB_BATCH_SIZE, JOB_BATCH_PACE);
-        let mut pause = Duration::ZERO;
         while refusal.is_none() && drain.go_on(cancel) {
-            if !pause.is_zero() {
-                tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => continue,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
             let started = Instant::now();
             self.note_gate(None);
             let (events, metrics) = (&mut self.events, &self.metrics);
@@ -166,9 +156,9 @@ impl<Q: JobQueue> JobReaper<Q> {
                     self.metrics.flush().await;
                     outcome.reset += applied.reset;
                     outcome.dead_lettered += applied.dead_lettered;
-                    pause = drain.pause_after(started.elapsed());
                 }
             }
+            drain.rest(started.elapsed(), cancel).await;
         }
         if drain.interrupted {
             outcome.interrupted = true;
@@ -291,6 +281,7 @@ fn line_fields(a: &JobAction, backend: &str) -> Vec<(&'static str, String)> {
 mod tests {
     use std::collections::VecDeque;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     use super::*;
     use crate::config::StatsdTarget;

@@ -93,7 +93,13 @@ impl Neighbours {
         if reaped.waiters > 0 {
             self.contended_until = Some(now + CONTENTION_HOLD);
         }
-        if reaped.busy > 0 {
+        self.saw_busy(reaped.busy, now);
+    }
+
+    /// `busy` other sessions were at work (a batch's, or the sweep's first
+    /// question's, count).
+    fn saw_busy(&mut self, busy: u32, now: Instant) {
+        if busy > 0 {
             self.busy_until = Some(now + CONTENTION_HOLD);
         }
     }
@@ -165,14 +171,7 @@ impl<S: LockStore> LockSweeper<S> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
         let mut expired = self.store.begin_sweep().await?;
-        let busy = expired.busy();
-        self.neighbours.saw(
-            Reaped {
-                busy,
-                ..Reaped::default()
-            },
-            Instant::now(),
-        );
+        self.neighbours.saw_busy(expired.busy(), Instant::now());
         let mut drain = Drain::new(BATCH_SIZE);
         let mut first = true;
         while drain.go_on(cancel) {
@@ -193,13 +192,7 @@ impl<S: LockStore> LockSweeper<S> {
             drain.pace(self.neighbours.pace(Instant::now()));
             drain.took(reaped.n);
             send_counts(&self.metrics, backend, outcome.reported() - before).await;
-            let pause = drain.pause_after(took);
-            if !pause.is_zero() {
-                tokio::select! {
-                    () = cancel.cancelled() => {}
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
+            drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
         let before = outcome.reported();

@@ -178,6 +178,19 @@ impl Drain {
         }
     }
 
+    /// Waits `pause_after(took)` before the next batch, cut short by a
+    /// shutdown (the next `go_on` then ends the drain).
+    pub async fn rest(&self, took: Duration, cancel: &CancellationToken) {
+        let pause = self.pause_after(took);
+        if !pause.is_zero() {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+
     /// Whether to run another batch.
     pub fn go_on(&mut self, cancel: &CancellationToken) -> bool {
         if self.more && cancel.is_cancelled() {
