@@ -30,7 +30,7 @@ pub struct PgSweep<'s> {
     cursor: Cursor,
     /// A batch handed off and committed whose lines are still to be written
     /// (`Workload::Idle`).
-    pending: Option<HandedOff>,
+    pending: Option<AwaitingLines>,
     /// The writer connection was used during this sweep.
     overlapped: bool,
 }
@@ -49,7 +49,7 @@ struct Cursor {
 
 /// A batch taken off the table and handed off (committed with its hand-off
 /// row), whose lines are yet to be written under a claim of that row.
-struct HandedOff {
+struct AwaitingLines {
     handoff_id: i64,
     leases: Vec<ExpiredLease>,
 }
@@ -112,7 +112,7 @@ struct Done {
     /// Other sessions running a statement when it ended (walk batches).
     busy: u32,
     /// The batch, if it was handed off: its lines are still to be written.
-    handed_off: Option<HandedOff>,
+    handed_off: Option<AwaitingLines>,
 }
 
 /// What one reaping call took: one batch, or a walk batch and the index
@@ -121,7 +121,7 @@ struct Done {
 struct Taken {
     reaped: Reaped,
     /// In the order they were taken.
-    handed_off: Vec<HandedOff>,
+    handed_off: Vec<AwaitingLines>,
 }
 
 impl Taken {
@@ -153,7 +153,7 @@ async fn batch(db: &mut Db, kind: Reap, limit: usize) -> Result<Done, StoreError
 /// first and wrote them.
 async fn write_handed_off(
     db: &mut Db,
-    batch: HandedOff,
+    batch: AwaitingLines,
     report: Report<'_>,
 ) -> Result<(), StoreError> {
     let id = batch.handoff_id;
@@ -298,7 +298,7 @@ async fn reap_in_tx(
         next_page,
         waiters: batch.waiters,
         busy: batch.busy,
-        handed_off: batch.handoff_id.map(|handoff_id| HandedOff {
+        handed_off: batch.handoff_id.map(|handoff_id| AwaitingLines {
             handoff_id,
             leases: batch.leases,
         }),
