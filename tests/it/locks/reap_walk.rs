@@ -2,8 +2,8 @@
 //! heap reports exactly the fields the database computes for each lease
 //! (integer milliseconds, deadlines before 1970 included), passes over live
 //! leases and empty pages, splits the heap between walkers without either
-//! waiting, gives up at once on a row someone holds, and refuses bad
-//! arguments.
+//! waiting (a batch around a range another walker holds leaves it out),
+//! gives up at once on a row someone holds, and refuses bad arguments.
 
 use std::collections::HashMap;
 
@@ -244,6 +244,94 @@ async fn walkers_split_ranges_without_waiting() {
     assert_eq!(
         count(&mut conn, "SELECT count(*) FROM lock_entry").await,
         total - 200
+    );
+}
+
+/// How many rows pages `from`..`to` of lock_entry hold.
+async fn rows_in_range(conn: &mut sqlx::PgConnection, from: i64, to: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM lock_entry
+          WHERE ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// A batch that spans a range another walker holds leaves that range's rows
+/// out of its one range DELETE: it takes the ranges on either side, never
+/// meets the other walker's rows (which would fail it after lock_timeout),
+/// and no lease is taken by both.
+#[tokio::test]
+async fn batch_around_a_held_range_leaves_it_out() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let range = count(&mut conn, "SELECT lock_walk_range_pages()").await;
+    exec(
+        &mut conn,
+        "ALTER TABLE lock_entry SET (autovacuum_enabled = off)",
+    )
+    .await;
+    while count(
+        &mut conn,
+        "SELECT pg_relation_size('lock_entry') / current_setting('block_size')::bigint",
+    )
+    .await
+        < 3 * range
+    {
+        let n = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+        insert_expired(&mut conn, &format!("k{n}-"), 5_000, 1_000).await;
+    }
+    let total = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+    let first_range = rows_in_range(&mut conn, 0, range).await;
+    let middle_range = rows_in_range(&mut conn, range, 2 * range).await;
+    assert!(first_range > 0 && middle_range > 100);
+
+    // The other walker holds the middle range, 100 of its rows deleted.
+    let mut other = db.connect().await;
+    let mut other_tx = other.begin().await.unwrap();
+    let taken_other: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(100, $1, false)")
+            .bind(range)
+            .fetch_all(&mut *other_tx)
+            .await
+            .unwrap();
+    assert_eq!(taken_other.len(), 100);
+
+    // This batch has room for the first range and 10 rows of the third.
+    let mut walker = db.connect().await;
+    let (keys, next_page): (Option<Vec<String>>, i64) =
+        sqlx::query_as("SELECT lock_keys, next_page FROM lock_reap_walk($1, 0, false)")
+            .bind(i32::try_from(first_range + 10).unwrap())
+            .fetch_one(&mut walker)
+            .await
+            .expect("the batch leaves the held range out instead of waiting on its rows");
+    let keys = keys.unwrap_or_default();
+    assert_eq!(
+        keys.len() as i64,
+        first_range + 10,
+        "the first range and 10 rows of the third"
+    );
+    assert_eq!(next_page, 2 * range, "it stopped in the third range");
+    let both: std::collections::HashSet<_> = taken_other.iter().chain(&keys).collect();
+    assert_eq!(
+        both.len() as i64,
+        100 + first_range + 10,
+        "no lease taken by both walkers"
+    );
+
+    other_tx.commit().await.unwrap();
+    assert_eq!(
+        rows_in_range(&mut conn, range, 2 * range).await,
+        middle_range - 100,
+        "the held range lost only the other walker's rows"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_entry").await,
+        total - 100 - first_range - 10
     );
 }
 
