@@ -10,7 +10,8 @@
 #   1. a throwaway PostgreSQL 15 (scripts/bench.d/pg.sh, max_connections
 #      raised to fit the direct run) and PgBouncer in transaction mode in
 #      front of it (pool_mode=transaction, default_pool_size=--pool,
-#      max_client_conn=max(2 x daemons + 50, 250)), both as the `postgres`
+#      max_client_conn=max(4 x daemons + 50, 250): three connections each,
+#      a fourth while one drains alone), both as the `postgres`
 #      user when run as root;
 #   2. `lease-sweeper migrate` directly (sqlx's migrator holds a session
 #      advisory lock, which transaction pooling breaks), then --leases live
@@ -18,7 +19,8 @@
 #   3. baseline: the database's CPU with no daemon, over --idle-secs;
 #   4. --daemons `lease-sweeper run` through PgBouncer, each with its own
 #      stdout/stderr file, all pushing StatsD to one loopback listener
-#      (udp_count.py); waits until PgBouncer counts 2 clients per daemon;
+#      (udp_count.py); waits until PgBouncer counts 3 clients per daemon
+#      (the lock sweep, the job reaper, the horizon check);
 #   5. idle: the CPU of every PostgreSQL process (utime+stime from
 #      /proc/<pid>/stat; the postmaster's cutime+cstime covers backends that
 #      exited) and of PgBouncer over --idle-secs, per daemon per second;
@@ -95,13 +97,16 @@ HZ=$(getconf CLK_TCK)
 LOADS=()
 load_now() { cut -d' ' -f1-3 /proc/loadavg; }
 
-# Room for the direct run's 2 connections per daemon, PgBouncer's pool and
-# the harness's own psql.
-MAXCONN=$((2 * (DIRECT > DAEMONS ? DIRECT : DAEMONS) + POOL + 20))
+# Three connections a daemon (the lock sweep, the job reaper, the horizon
+# check), a fourth while its lock sweep drains alone.
+CLIENTS_EACH=3
+# Room for the direct run's daemons, PgBouncer's pool and the harness's own
+# psql.
+MAXCONN=$(((CLIENTS_EACH + 1) * DIRECT + POOL + 20))
 for i in "${!PG_BENCH_SETTINGS[@]}"; do
     [[ ${PG_BENCH_SETTINGS[i]} == max_connections=* ]] && PG_BENCH_SETTINGS[i]=max_connections=$MAXCONN
 done
-MAXCLIENT=$((2 * DAEMONS + 50))
+MAXCLIENT=$(((CLIENTS_EACH + 1) * DAEMONS + 50))
 ((MAXCLIENT >= 250)) || MAXCLIENT=250
 
 WORK=${FLEET_WORK:-$(mktemp -d /tmp/lease-fleet.XXXXXX)}
@@ -325,9 +330,9 @@ log "starting $DAEMONS daemons through PgBouncer (pool $POOL, max_client_conn $M
 T_START=$(now)
 start_fleet "$DAEMONS" "$BOUNCER_URL" bouncer
 deadline=$(($(date +%s) + 180))
-while (($(bouncer_clients) < 2 * DAEMONS)); do
+while (($(bouncer_clients) < CLIENTS_EACH * DAEMONS)); do
     if (($(date +%s) > deadline)); then
-        log "only $(bouncer_clients) of $((2 * DAEMONS)) clients reached PgBouncer after 180 s; $(count_alive) daemons alive"
+        log "only $(bouncer_clients) of $((CLIENTS_EACH * DAEMONS)) clients reached PgBouncer after 180 s; $(count_alive) daemons alive"
         break
     fi
     sleep 0.5
@@ -412,7 +417,7 @@ if ((DIRECT > 0)); then
     start_fleet "$DIRECT" "$DIRECT_URL" direct
     deadline=$(($(date +%s) + 180))
     direct_clients() { "$PSQL" -X -Atq -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lease-sweeper'"; }
-    while (($(direct_clients) < 2 * DIRECT)) && (($(date +%s) < deadline)); do sleep 0.5; done
+    while (($(direct_clients) < CLIENTS_EACH * DIRECT)) && (($(date +%s) < deadline)); do sleep 0.5; done
     sleep 11
     log "idle direct: ${IDLE_SECS} s"
     LOADS+=("idle direct $(load_now)")
@@ -438,8 +443,8 @@ row check measured expected verdict
 row --- --- --- ---
 verdict '((ALIVE_END == DAEMONS && ALIVE_IDLE0 == DAEMONS))'
 row "daemons alive (start of idle / end of idle / end of expiry)" "$ALIVE_IDLE0 / $ALIVE_IDLE1 / $ALIVE_END" "$DAEMONS" "$V"
-verdict '((CLIENTS == 2 * DAEMONS))'
-row "PgBouncer clients after start-up" "$CLIENTS (in $(fmt "$CONNECTED_S" 1) s)" "$((2 * DAEMONS))" "$V"
+verdict '((CLIENTS == CLIENTS_EACH * DAEMONS))'
+row "PgBouncer clients after start-up" "$CLIENTS (in $(fmt "$CONNECTED_S" 1) s)" "$((CLIENTS_EACH * DAEMONS))" "$V"
 verdict '((EXPIRED_LINES == EXPIRE))'
 row "lease_expired lines (all stdout files)" "$EXPIRED_LINES" "$EXPIRE" "$V"
 verdict '((UNIQUE == EXPIRE))'
