@@ -182,6 +182,29 @@ async fn walk_crosses_empty_pages_stops_at_sparse() {
     assert_eq!(next, range, "the first page after the sparse range");
 }
 
+/// Fills lock_entry (autovacuum off, so pages stay as written) with expired
+/// leases over at least three of the walk's ranges; returns the range's
+/// size in pages and how many leases there are.
+async fn expired_over_three_ranges(conn: &mut sqlx::PgConnection) -> (i64, i64) {
+    let range = count(conn, "SELECT lock_walk_range_pages()").await;
+    exec(
+        conn,
+        "ALTER TABLE lock_entry SET (autovacuum_enabled = off)",
+    )
+    .await;
+    while count(
+        conn,
+        "SELECT pg_relation_size('lock_entry') / current_setting('block_size')::bigint",
+    )
+    .await
+        < 3 * range
+    {
+        let n = count(conn, "SELECT count(*) FROM lock_entry").await;
+        insert_expired(conn, &format!("k{n}-"), 5_000, 1_000).await;
+    }
+    (range, count(conn, "SELECT count(*) FROM lock_entry").await)
+}
+
 /// Two walkers from the same page: the second skips the range the first
 /// holds instead of waiting for it, and no lease is taken by both.
 #[tokio::test]
@@ -189,24 +212,7 @@ async fn walkers_split_ranges_without_waiting() {
     use sqlx::Connection as _;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let range = count(&mut conn, "SELECT lock_walk_range_pages()").await;
-    exec(
-        &mut conn,
-        "ALTER TABLE lock_entry SET (autovacuum_enabled = off)",
-    )
-    .await;
-    // Expired leases over at least three ranges.
-    while count(
-        &mut conn,
-        "SELECT pg_relation_size('lock_entry') / current_setting('block_size')::bigint",
-    )
-    .await
-        < 3 * range
-    {
-        let n = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
-        insert_expired(&mut conn, &format!("k{n}-"), 5_000, 1_000).await;
-    }
-    let total = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+    let (_, total) = expired_over_three_ranges(&mut conn).await;
 
     let mut first = db.connect().await;
     let mut first_tx = first.begin().await.unwrap();
@@ -269,23 +275,7 @@ async fn batch_around_a_held_range_leaves_it_out() {
     use sqlx::Connection as _;
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    let range = count(&mut conn, "SELECT lock_walk_range_pages()").await;
-    exec(
-        &mut conn,
-        "ALTER TABLE lock_entry SET (autovacuum_enabled = off)",
-    )
-    .await;
-    while count(
-        &mut conn,
-        "SELECT pg_relation_size('lock_entry') / current_setting('block_size')::bigint",
-    )
-    .await
-        < 3 * range
-    {
-        let n = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
-        insert_expired(&mut conn, &format!("k{n}-"), 5_000, 1_000).await;
-    }
-    let total = count(&mut conn, "SELECT count(*) FROM lock_entry").await;
+    let (range, total) = expired_over_three_ranges(&mut conn).await;
     let first_range = rows_in_range(&mut conn, 0, range).await;
     let middle_range = rows_in_range(&mut conn, range, 2 * range).await;
     assert!(first_range > 0 && middle_range > 100);
