@@ -36,7 +36,9 @@
 -- on past empty pages and ends at a sparse range; the held count's check at
 -- one age() per row; the same result row.
 --
--- Measured the same way, one run: see docs/performance.md, section 1.
+-- Measured the same way on 1,000,000 leases, one run against the function
+-- before: 1.67 s against 2.11 s with the held count stale, 1.73 against
+-- 2.18 s fresh; the careful walk 1.93 / 2.04 against 2.23 / 2.44 s.
 
 CREATE OR REPLACE FUNCTION lock_reap_walk(p_limit integer, p_from_page bigint, p_skip_locked boolean)
 RETURNS TABLE (handoff_id bigint, next_page bigint, lock_keys text[], owner_ids text[],
