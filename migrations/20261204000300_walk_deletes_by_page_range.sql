@@ -26,9 +26,13 @@
 -- between the two with a deadline already past, a few more. Every row it
 -- deletes is reported once: by this batch, whose DELETE removed it.
 --
--- Beside a busy workload (p_skip_locked true) the rows are still chosen and
--- locked first with FOR UPDATE SKIP LOCKED and deleted by tuple id: a range
--- DELETE would wait on the rows others hold.
+-- Beside a busy workload (p_skip_locked true) the rows are still locked
+-- first with FOR UPDATE SKIP LOCKED and deleted by tuple id: a range DELETE
+-- would wait on the rows others hold. They are locked only once their range
+-- is taken: before, a walker locked a range's rows, then found the range
+-- held by another walker and went on, keeping those row locks (and any
+-- caller of their keys waiting) until its batch committed; now a first
+-- look (LIMIT 1, no lock) says whether the range has expired rows at all.
 --
 -- Everything else is as in 20261204000200: ranges of lock_walk_range_pages()
 -- pages taken with pg_try_advisory_xact_lock once seen to hold expired rows,
@@ -113,16 +117,18 @@ BEGIN
         v_hi := (v_range + 1) * lock_walk_range_pages();
         -- Infinite deadlines are left to lock_reap_expired, whose
         -- oldest-first batch (the first of every sweep) reaps them.
+        -- Seen first, no row locked: alone, how many expired rows the range
+        -- holds, up to what the batch has room for, and the last of them;
+        -- carefully, whether it holds any.
         IF p_skip_locked THEN
-            SELECT pg_catalog.count(*), pg_catalog.array_agg(d.ctid) INTO v_found, v_locked_rows
-              FROM (SELECT ctid
+            SELECT pg_catalog.count(*) INTO v_found
+              FROM (SELECT 1
                       FROM lock_entry
                      WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
                        AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
                        AND expires_at <= pg_catalog.now()
                        AND pg_catalog.isfinite(expires_at)
-                     LIMIT p_limit - v_taken
-                       FOR UPDATE SKIP LOCKED) AS d;
+                     LIMIT 1) AS d;
         ELSE
             SELECT pg_catalog.count(*), pg_catalog.max(d.ctid) INTO v_found, v_row
               FROM (SELECT ctid
@@ -134,9 +140,12 @@ BEGIN
                      LIMIT p_limit - v_taken) AS d;
         END IF;
         IF v_found > 0 THEN
-            -- Locked once it has rows, so empty stretches take no lock. Rows
-            -- seen before the lock are safe: whoever held the range has
-            -- committed (or rolled back) by now, and the DELETE sees it.
+            -- Taken once it has rows, so empty stretches take no lock, and
+            -- before any of its rows is locked: a row locked in a range
+            -- another walker holds would be held for nothing until commit,
+            -- and a caller of its key would wait as long. Rows counted
+            -- before the lock are safe: whoever held the range has committed
+            -- (or rolled back) by now, and the DELETE sees it.
             IF NOT pg_catalog.pg_try_advisory_xact_lock(lock_walk_lock_class(), v_range::integer) THEN
                 -- Another walker's range: its rows are its to delete. Inside
                 -- a fast batch's span, the DELETE leaves it out.
@@ -150,14 +159,25 @@ BEGIN
                 CONTINUE;
             END IF;
             v_locked := v_locked + 1;
-            v_taken := v_taken + v_found;
             IF p_skip_locked THEN
+                -- Beside a workload: the rows still free, locked now; those
+                -- others hold are skipped, never waited on.
+                SELECT pg_catalog.count(*), pg_catalog.array_agg(d.ctid) INTO v_found, v_locked_rows
+                  FROM (SELECT ctid
+                          FROM lock_entry
+                         WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
+                           AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                           AND expires_at <= pg_catalog.now()
+                           AND pg_catalog.isfinite(expires_at)
+                         LIMIT p_limit - v_taken
+                           FOR UPDATE SKIP LOCKED) AS d;
                 v_doomed := v_doomed || v_locked_rows;
                 v_row := v_locked_rows[pg_catalog.cardinality(v_locked_rows)];
             ELSE
                 v_first := COALESCE(v_first, pg_catalog.format('(%s,0)', v_lo)::tid);
                 v_last := v_row;
             END IF;
+            v_taken := v_taken + v_found;
             IF v_taken >= p_limit THEN
                 -- Full: resume on the page where the limit was reached (the
                 -- range scan returns pages in order).

@@ -2,8 +2,9 @@
 //! heap reports exactly the fields the database computes for each lease
 //! (integer milliseconds, deadlines before 1970 included), passes over live
 //! leases and empty pages, splits the heap between walkers without either
-//! waiting (a batch around a range another walker holds leaves it out),
-//! gives up at once on a row someone holds, and refuses bad arguments.
+//! waiting (a batch around a range another walker holds leaves it out, a
+//! careful one locks none of its rows), gives up at once on a row someone
+//! holds, and refuses bad arguments.
 
 use std::collections::HashMap;
 
@@ -323,6 +324,57 @@ async fn batch_around_a_held_range_leaves_it_out() {
         count(&mut conn, "SELECT count(*) FROM lock_entry").await,
         total - 100 - first_range - 10
     );
+}
+
+/// A careful walker (rows locked first, beside a workload) that meets a
+/// range another walker holds locks none of its rows: row locks kept there
+/// until its commit would make callers of those keys wait for nothing.
+#[tokio::test]
+async fn careful_walker_locks_no_row_of_a_held_range() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let (range, _) = expired_over_three_ranges(&mut conn).await;
+    let first_range = rows_in_range(&mut conn, 0, range).await;
+
+    let mut other = db.connect().await;
+    let mut other_tx = other.begin().await.unwrap();
+    let taken_other: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(100, 0, false)")
+            .fetch_all(&mut *other_tx)
+            .await
+            .unwrap();
+    assert_eq!(taken_other.len(), 100);
+
+    let mut careful = db.connect().await;
+    let mut careful_tx = careful.begin().await.unwrap();
+    let taken: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_walk(500, 0, true)")
+            .fetch_all(&mut *careful_tx)
+            .await
+            .unwrap();
+    assert_eq!(taken.len(), 500, "a full batch from the next range");
+    let both: std::collections::HashSet<_> = taken_other.iter().chain(&taken).collect();
+    assert_eq!(both.len(), 600, "no lease taken by both walkers");
+
+    // Every row of the held range that the other walker did not delete is
+    // still free while both batches are open.
+    let free: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM lock_entry
+          WHERE ctid >= '(0,0)'::tid AND ctid < format('(%s,0)', $1::bigint)::tid
+            FOR UPDATE SKIP LOCKED) AS free",
+    )
+    .bind(range)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        free,
+        first_range - 100,
+        "the careful walker locked rows of the held range"
+    );
+    careful_tx.commit().await.unwrap();
+    other_tx.commit().await.unwrap();
 }
 
 /// A walk that meets a row another session holds gives up after its
