@@ -94,9 +94,9 @@ SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_a
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired (and then, are others busy), is any
-/// takeover recorded, and the shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
-/// was swept since; NULL when something is expired: the sweep reads it after
-/// deleting). Sent alone with the
+/// takeover recorded, and the shared held count (counted at most
+/// `HELD_COUNT_MAX_AGE` ago, less what was swept since; NULL when something
+/// is expired: the sweep reads it after deleting). Sent alone with the
 /// simple protocol (`conn::probe_row`): one round trip, the argument a
 /// compile-time literal.
 pub const SWEEP_PROBE: &str = concat!(

@@ -64,11 +64,13 @@ struct Neighbours {
 }
 
 impl Neighbours {
+    /// Small while lock-server calls wait on the sweep or others are busy.
     fn limit(&self, now: Instant) -> usize {
-        match (self.contended_until, self.workload(now)) {
-            (Some(until), _) if now < until => SMALL_BATCH_SIZE,
-            (_, Workload::Busy) => SMALL_BATCH_SIZE,
-            _ => BATCH_SIZE,
+        let contended = self.contended_until.is_some_and(|until| now < until);
+        if contended || self.workload(now) == Workload::Busy {
+            SMALL_BATCH_SIZE
+        } else {
+            BATCH_SIZE
         }
     }
 
@@ -176,9 +178,10 @@ impl<S: LockStore> LockSweeper<S> {
         let mut first = true;
         while drain.go_on(cancel) {
             let now = Instant::now();
-            let limit = match std::mem::take(&mut first) {
-                true => SMALL_BATCH_SIZE,
-                false => self.neighbours.limit(now),
+            let limit = if std::mem::take(&mut first) {
+                SMALL_BATCH_SIZE
+            } else {
+                self.neighbours.limit(now)
             };
             drain.limit_to(limit);
             let workload = self.neighbours.workload(now);
