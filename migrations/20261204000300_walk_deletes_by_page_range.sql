@@ -67,6 +67,8 @@ DECLARE
     v_range bigint := GREATEST(p_from_page, 0) / lock_walk_range_pages();
     v_lo bigint := GREATEST(p_from_page, 0);
     v_hi bigint;
+    v_from tid;
+    v_to tid;
     v_next bigint := GREATEST(p_from_page, 0);
     v_locked integer := 0;
     -- Others at work as the call starts, for the caller's next batches.
@@ -116,6 +118,9 @@ BEGIN
             EXIT;
         END IF;
         v_hi := (v_range + 1) * lock_walk_range_pages();
+        -- The range as tuple ids: its first page's first, the next range's.
+        v_from := pg_catalog.format('(%s,0)', v_lo)::tid;
+        v_to := pg_catalog.format('(%s,0)', v_hi)::tid;
         -- Infinite deadlines are left to lock_reap_expired, whose
         -- oldest-first batch (the first of every sweep) reaps them.
         -- Seen first, no row locked: alone, how many expired rows the range
@@ -125,8 +130,8 @@ BEGIN
             SELECT pg_catalog.count(*) INTO v_found
               FROM (SELECT 1
                       FROM lock_entry
-                     WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
-                       AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                     WHERE ctid >= v_from
+                       AND ctid < v_to
                        AND expires_at <= pg_catalog.now()
                        AND pg_catalog.isfinite(expires_at)
                      LIMIT 1) AS d;
@@ -134,8 +139,8 @@ BEGIN
             SELECT pg_catalog.count(*), pg_catalog.max(d.ctid) INTO v_found, v_row
               FROM (SELECT ctid
                       FROM lock_entry
-                     WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
-                       AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                     WHERE ctid >= v_from
+                       AND ctid < v_to
                        AND expires_at <= pg_catalog.now()
                        AND pg_catalog.isfinite(expires_at)
                      LIMIT p_limit - v_taken) AS d;
@@ -151,8 +156,8 @@ BEGIN
                 -- Another walker's range: its rows are its to delete. Inside
                 -- a fast batch's span, the DELETE leaves it out.
                 IF v_first IS NOT NULL THEN
-                    v_held_lo := v_held_lo || pg_catalog.format('(%s,0)', v_lo)::tid;
-                    v_held_hi := v_held_hi || pg_catalog.format('(%s,0)', v_hi)::tid;
+                    v_held_lo := v_held_lo || v_from;
+                    v_held_hi := v_held_hi || v_to;
                 END IF;
                 v_range := v_range + 1;
                 v_lo := v_hi;
@@ -166,8 +171,8 @@ BEGIN
                 SELECT pg_catalog.count(*), pg_catalog.array_agg(d.ctid) INTO v_found, v_locked_rows
                   FROM (SELECT ctid
                           FROM lock_entry
-                         WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
-                           AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid
+                         WHERE ctid >= v_from
+                           AND ctid < v_to
                            AND expires_at <= pg_catalog.now()
                            AND pg_catalog.isfinite(expires_at)
                          LIMIT p_limit - v_taken
@@ -175,7 +180,7 @@ BEGIN
                 v_doomed := v_doomed || v_locked_rows;
                 v_row := v_locked_rows[pg_catalog.cardinality(v_locked_rows)];
             ELSE
-                v_first := COALESCE(v_first, pg_catalog.format('(%s,0)', v_lo)::tid);
+                v_first := COALESCE(v_first, v_from);
                 v_last := v_row;
             END IF;
             v_taken := v_taken + v_found;
@@ -193,8 +198,8 @@ BEGIN
         IF v_found < 2 * (v_hi - v_lo) THEN
             SELECT pg_catalog.count(*) INTO v_rows
               FROM lock_entry
-             WHERE ctid >= pg_catalog.format('(%s,0)', v_lo)::tid
-               AND ctid < pg_catalog.format('(%s,0)', v_hi)::tid;
+             WHERE ctid >= v_from
+               AND ctid < v_to;
             EXIT WHEN v_rows > 2 * v_found;
         END IF;
         -- A bounded number of advisory locks per transaction (the lock
