@@ -3,9 +3,10 @@
 //! Owns the exact shape of `lease_expired` and `job_lease_expired` (and the
 //! line format the horizon check's `xmin_horizon_held` and
 //! `xmin_horizon_released` share) and the
-//! write discipline behind "at least once, never lost": a batch's lines are
-//! formatted into one buffer, written whole and flushed before the caller
-//! commits the batch. These lines deliberately bypass `tracing` and its
+//! write discipline behind "at least once, never lost": each call's lines
+//! (up to 500 leases; a batch is reported in such chunks) are formatted into
+//! one buffer, written whole and flushed, all before the caller commits the
+//! batch. These lines deliberately bypass `tracing` and its
 //! `RUST_LOG` filter, so no log level can silence them; diagnostics go through
 //! `telemetry` and never through here.
 
