@@ -45,10 +45,16 @@ impl EventLog {
     /// returning; an error means the caller must not commit the batch.
     pub fn lease_expired(&mut self, backend: &str, leases: &[ExpiredLease]) -> io::Result<()> {
         self.buf.clear();
-        let ts = crate::output::telemetry::timestamp_now();
+        // The same three pairs start every line of the call: encoded once.
+        let mut head = String::with_capacity(64);
+        push_head(
+            &mut head,
+            &crate::output::telemetry::timestamp_now(),
+            "lease_expired",
+        );
         let line = &mut self.buf;
         for lease in leases {
-            push_head(line, &ts, "lease_expired");
+            line.push_str(&head);
             push_pair(line, "lockKey", &lease.lock_key);
             push_int_pair(line, "token", lease.token);
             push_int_pair(line, "expiredAtMillis", lease.expired_at_millis);
