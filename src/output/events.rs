@@ -92,10 +92,16 @@ impl EventLog {
         I: IntoIterator<Item = Vec<(&'a str, String)>>,
     {
         self.buf.clear();
-        let ts = crate::output::telemetry::timestamp_now();
+        let mut head = String::with_capacity(64);
+        push_level_head(
+            &mut head,
+            &crate::output::telemetry::timestamp_now(),
+            level,
+            message,
+        );
         let line = &mut self.buf;
         for pairs in rows {
-            push_level_head(line, &ts, level, message);
+            line.push_str(&head);
             for (k, v) in &pairs {
                 push_pair(line, k, v);
             }
