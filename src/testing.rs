@@ -27,7 +27,7 @@ pub mod logfmt {
 }
 
 pub mod metrics {
-    pub use crate::output::metrics::Metrics;
+    pub use crate::output::metrics::{MAX_OVERDUE_SAMPLES, Metrics};
 }
 
 pub mod conn {

@@ -109,18 +109,18 @@ impl Metrics {
         }
     }
 
-    /// Records how late each of a batch's reported leases was: every one in
-    /// Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` per `reaped_by`
-    /// in StatsD.
-    pub fn lease_overdue(&self, backend: &'static str, leases: &[ExpiredLease]) {
+    /// Records how late each of a batch's reported leases was, and empties
+    /// `lateness`: every one in Prometheus, a sample of at most
+    /// `MAX_OVERDUE_SAMPLES` per `reaped_by` in StatsD.
+    pub fn lease_overdue(&self, backend: &'static str, lateness: &mut Lateness<ReapedBy>) {
         for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
-            let group: Vec<&ExpiredLease> = leases.iter().filter(|l| l.reaped_by == by).collect();
+            let group = lateness.of(by);
             let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
-            for lease in sample {
+            for &overdue in sample {
                 let timer = self
                     .statsd
                     .client
-                    .time_with_tags(LEASE_OVERDUE, millis(lease.overdue_millis))
+                    .time_with_tags(LEASE_OVERDUE, millis(overdue))
                     .with_tag("backend", backend)
                     .with_tag("reaped_by", by.as_str());
                 match rate {
@@ -128,24 +128,26 @@ impl Metrics {
                     None => timer.send(),
                 }
             }
+            if let Some(p) = &self.prometheus {
+                p.lease_overdue(backend, by, group);
+            }
         }
-        if let Some(p) = &self.prometheus {
-            p.lease_overdue(backend, leases);
-        }
+        lateness.0.clear();
     }
 
-    /// Records how late each of a batch's reaped jobs was, by action: every
-    /// one in Prometheus, a sample of at most `MAX_OVERDUE_SAMPLES` per action
-    /// in StatsD. An action apply does not report today is not recorded.
-    pub fn job_lease_overdue(&self, backend: &'static str, actions: &[JobAction]) {
+    /// Records how late each of a batch's reaped jobs was, by action, and
+    /// empties `lateness`: every one in Prometheus, a sample of at most
+    /// `MAX_OVERDUE_SAMPLES` per action in StatsD. An action apply does not
+    /// report today is not recorded.
+    pub fn job_lease_overdue(&self, backend: &'static str, lateness: &mut Lateness<&'static str>) {
         for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
-            let group: Vec<&JobAction> = actions.iter().filter(|a| a.action == action).collect();
+            let group = lateness.of(action);
             let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
-            for a in sample {
+            for &overdue in sample {
                 let timer = self
                     .statsd
                     .client
-                    .time_with_tags(JOB_LEASE_OVERDUE, millis(a.overdue_millis))
+                    .time_with_tags(JOB_LEASE_OVERDUE, millis(overdue))
                     .with_tag("backend", backend)
                     .with_tag("action", action);
                 match rate {
@@ -154,9 +156,10 @@ impl Metrics {
                 }
             }
             if let Some(p) = &self.prometheus {
-                p.job_lease_overdue(backend, action, group.iter().map(|a| a.overdue_millis));
+                p.job_lease_overdue(backend, action, group);
             }
         }
+        lateness.0.clear();
     }
 
     pub fn held_current(&self, backend: &'static str, held: u64) {
@@ -228,6 +231,54 @@ impl Metrics {
     /// everything was sent.
     pub fn finish(&self) -> bool {
         self.statsd.finish(FINISH_BOUND)
+    }
+}
+
+/// How late the leases (or jobs) of one batch were, by tag set, gathered
+/// while the batch's lines are written (in chunks, with other work between
+/// them) and recorded once they all are (`Metrics::lease_overdue`,
+/// `Metrics::job_lease_overdue`), so StatsD's sample spreads over the whole
+/// batch. A pass that fails drops what it gathered: a batch that is not
+/// committed records nothing, as it counts nothing.
+#[derive(Debug)]
+pub struct Lateness<K>(Vec<(K, i64)>);
+
+impl<K> Default for Lateness<K> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl Lateness<ReapedBy> {
+    pub fn add_leases(&mut self, leases: &[ExpiredLease]) {
+        self.0
+            .extend(leases.iter().map(|l| (l.reaped_by, l.overdue_millis)));
+    }
+}
+
+impl Lateness<&'static str> {
+    /// Jobs of an action `Metrics::job_lease_overdue` does not record are
+    /// left out.
+    pub fn add_jobs(&mut self, actions: &[JobAction]) {
+        for a in actions {
+            if let Some(action) = [ACTION_RESET, ACTION_DEAD_LETTER]
+                .into_iter()
+                .find(|&known| a.action == known)
+            {
+                self.0.push((action, a.overdue_millis));
+            }
+        }
+    }
+}
+
+impl<K: Copy + PartialEq> Lateness<K> {
+    /// The lateness of one tag set, in the order added.
+    fn of(&self, key: K) -> Vec<i64> {
+        self.0
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|&(_, ms)| ms)
+            .collect()
     }
 }
 
@@ -317,10 +368,15 @@ mod tests {
     #[test]
     fn a_full_batch_sends_sampled_timers_with_their_rate_and_its_exact_count() {
         let (metrics, socket) = metrics_to_listener();
-        let batch = leases(5_000, ReapedBy::Sweep);
-        metrics.lease_overdue("pg", &batch);
+        let mut lateness = Lateness::default();
+        // Added in chunks, as a batch's lines are written; sampled whole.
+        for chunk in leases(5_000, ReapedBy::Sweep).chunks(500) {
+            lateness.add_leases(chunk);
+        }
+        metrics.lease_overdue("pg", &mut lateness);
         metrics.lease_expired("pg", 5_000);
-        metrics.lease_overdue("pg", &leases(2, ReapedBy::Takeover));
+        lateness.add_leases(&leases(2, ReapedBy::Takeover));
+        metrics.lease_overdue("pg", &mut lateness);
         metrics.lease_expired("pg", 2);
         assert!(metrics.finish(), "delivered to loopback");
 
@@ -363,7 +419,9 @@ mod tests {
                 dead_letter: None,
             })
             .collect();
-        metrics.job_lease_overdue("pg", &actions);
+        let mut lateness = Lateness::default();
+        lateness.add_jobs(&actions);
+        metrics.job_lease_overdue("pg", &mut lateness);
         assert!(metrics.finish(), "delivered to loopback");
 
         let lines = receive(&socket, 2 * MAX_OVERDUE_SAMPLES);

@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
-use crate::output::metrics::Metrics;
+use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
@@ -122,17 +122,18 @@ impl<Q: JobQueue> JobReaper<Q> {
         };
         let backend = self.queue.backend_id();
         let mut drain = Drain::paced(JOB_BATCH_SIZE, JOB_BATCH_PACE);
+        let mut lateness = Lateness::default();
         while refusal.is_none() && drain.go_on(cancel) {
             let started = Instant::now();
             self.note_gate(None);
-            let (events, metrics) = (&mut self.events, &self.metrics);
+            let events = &mut self.events;
             let mut report = |actions: &[JobAction]| {
                 events
                     .warn_lines(
                         JOB_LEASE_EXPIRED,
                         actions.iter().map(|a| line_fields(a, backend)),
                     )
-                    .inspect(|()| metrics.job_lease_overdue(backend, actions))
+                    .inspect(|()| lateness.add_jobs(actions))
             };
             match self
                 .queue
@@ -146,6 +147,7 @@ impl<Q: JobQueue> JobReaper<Q> {
                 }
                 ApplyBatch::Applied(applied) => {
                     drain.took(applied.n);
+                    self.metrics.job_lease_overdue(backend, &mut lateness);
                     self.metrics
                         .job_lease_reaped(backend, ACTION_RESET, applied.reset);
                     self.metrics.job_lease_reaped(
@@ -182,13 +184,14 @@ impl<Q: JobQueue> JobReaper<Q> {
         let backend = self.queue.backend_id();
         loop {
             let (mut reset, mut dead) = (0, 0);
-            let (events, metrics) = (&mut self.events, &self.metrics);
+            let mut lateness = Lateness::default();
+            let events = &mut self.events;
             let mut report = |actions: &[JobAction]| {
                 events.warn_lines(
                     JOB_LEASE_EXPIRED,
                     actions.iter().map(|a| line_fields(a, backend)),
                 )?;
-                metrics.job_lease_overdue(backend, actions);
+                lateness.add_jobs(actions);
                 for a in actions {
                     if a.action == ACTION_DEAD_LETTER {
                         dead += 1;
@@ -201,6 +204,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
+            self.metrics.job_lease_overdue(backend, &mut lateness);
             self.metrics.job_lease_reaped(backend, ACTION_RESET, reset);
             self.metrics
                 .job_lease_reaped(backend, ACTION_DEAD_LETTER, dead);

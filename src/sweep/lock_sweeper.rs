@@ -14,7 +14,7 @@ use tracing::info;
 
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
-use crate::output::metrics::Metrics;
+use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Workload};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
@@ -172,6 +172,7 @@ impl<S: LockStore> LockSweeper<S> {
     ) -> Result<SweepOutcome, StoreError> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
+        let mut lateness = Lateness::default();
         let mut expired = self.store.begin_sweep().await?;
         self.neighbours.saw_busy(expired.busy(), Instant::now());
         let mut drain = Drain::new(BATCH_SIZE);
@@ -187,23 +188,35 @@ impl<S: LockStore> LockSweeper<S> {
             let workload = self.neighbours.workload(now);
             let before = outcome.reported();
             let reaped = {
-                let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
                 expired.reap_expired(limit, workload, &mut report).await?
             };
             let took = now.elapsed();
             self.neighbours.saw(reaped, Instant::now());
             drain.pace(self.neighbours.pace(Instant::now()));
             drain.took(reaped.n);
-            send_counts(&self.metrics, backend, outcome.reported() - before).await;
+            send_counts(
+                &self.metrics,
+                backend,
+                outcome.reported() - before,
+                &mut lateness,
+            )
+            .await;
             drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
         let before = outcome.reported();
         {
-            let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+            let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
             expired.finish(&mut report).await?;
         }
-        send_counts(&self.metrics, backend, outcome.reported() - before).await;
+        send_counts(
+            &self.metrics,
+            backend,
+            outcome.reported() - before,
+            &mut lateness,
+        )
+        .await;
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -215,11 +228,17 @@ impl<S: LockStore> LockSweeper<S> {
         while drain.go_on(cancel) {
             let before = outcome.reported();
             let n = {
-                let mut report = reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
                 takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
             };
             drain.took(n);
-            send_counts(&self.metrics, backend, outcome.reported() - before).await;
+            send_counts(
+                &self.metrics,
+                backend,
+                outcome.reported() - before,
+                &mut lateness,
+            )
+            .await;
         }
         outcome.batches += drain.batches;
         if drain.interrupted {
@@ -237,18 +256,18 @@ impl<S: LockStore> LockSweeper<S> {
     }
 }
 
-/// Writes a batch's `lease_expired` lines and counts them as written: a
-/// batch whose lines another sweeper wrote (it recovered the hand-off
-/// first) counts there.
+/// Writes a batch's `lease_expired` lines and counts them as written, and
+/// gathers their lateness: a batch whose lines another sweeper wrote (it
+/// recovered the hand-off first) counts there.
 fn reporter<'a>(
     events: &'a mut EventLog,
-    metrics: &'a Metrics,
+    lateness: &'a mut Lateness<ReapedBy>,
     backend: &'static str,
     outcome: &'a mut SweepOutcome,
 ) -> impl FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send + 'a {
     move |leases| {
         events.lease_expired(backend, leases)?;
-        metrics.lease_overdue(backend, leases);
+        lateness.add_leases(leases);
         for lease in leases {
             match lease.reaped_by {
                 ReapedBy::Sweep => outcome.swept += 1,
@@ -259,10 +278,17 @@ fn reporter<'a>(
     }
 }
 
-/// Counts a batch's reported leases and sends them at once: a long drain
-/// must not hold committed counts until it ends (a crash would lose them).
-async fn send_counts(metrics: &Metrics, backend: &'static str, reported: u64) {
+/// Counts a batch's reported leases and records their lateness, and sends
+/// them at once: a long drain must not hold committed counts until it ends
+/// (a crash would lose them).
+async fn send_counts(
+    metrics: &Metrics,
+    backend: &'static str,
+    reported: u64,
+    lateness: &mut Lateness<ReapedBy>,
+) {
     if reported > 0 {
+        metrics.lease_overdue(backend, lateness);
         metrics.lease_expired(backend, reported);
         metrics.flush().await;
     }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use lease_sweeper::testing::events::EventLog;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
-use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::metrics::{MAX_OVERDUE_SAMPLES, Metrics};
 use lease_sweeper::testing::progress::Progress;
 use lease_sweeper::testing::sweep::run;
 use tokio_util::sync::CancellationToken;
@@ -608,4 +608,50 @@ async fn locked_lease_reaped_next_sweep() {
     assert_eq!(lines.len(), BATCH_SIZE * 2 + 11);
     assert_eq!(fields(lines.last().unwrap())["lockKey"], "old-1");
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+/// A batch's lines are written in chunks, yet StatsD's lateness sample is
+/// taken across the whole batch: at most `MAX_OVERDUE_SAMPLES` timers a
+/// batch, whose sample rates scale back to exactly the leases reported.
+#[tokio::test]
+async fn lateness_sample_spans_each_whole_batch() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 2 + 500;
+    insert_expired(&mut conn, "sampled-", n, 2_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush().await;
+
+    assert_eq!(outcome.swept, n as u64);
+    assert_eq!(log.lines().len(), n as usize);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
+        .await;
+    let timers: Vec<String> = statsd
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("lock.lease.overdue:"))
+        .collect();
+    assert!(
+        timers.len() as u64 <= MAX_OVERDUE_SAMPLES as u64 * outcome.batches,
+        "{} timers for {} batches",
+        timers.len(),
+        outcome.batches
+    );
+    let scaled: f64 = timers
+        .iter()
+        .map(|l| {
+            l.split('|')
+                .find_map(|p| p.strip_prefix('@'))
+                .map_or(1.0, |rate| 1.0 / rate.parse::<f64>().unwrap())
+        })
+        .sum();
+    assert!(
+        (scaled - n as f64).abs() < 0.5,
+        "the rates scale {} timers back to {scaled}, not {n}",
+        timers.len()
+    );
 }
