@@ -172,7 +172,7 @@ impl<S: LockStore> LockSweeper<S> {
     ) -> Result<SweepOutcome, StoreError> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
-        let mut lateness = Lateness::default();
+        let mut tally = Tally::default();
         let mut expired = self.store.begin_sweep().await?;
         self.neighbours.saw_busy(expired.busy(), Instant::now());
         let mut drain = Drain::new(BATCH_SIZE);
@@ -186,37 +186,23 @@ impl<S: LockStore> LockSweeper<S> {
             };
             drain.limit_to(limit);
             let workload = self.neighbours.workload(now);
-            let before = outcome.reported();
             let reaped = {
-                let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
+                let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
                 expired.reap_expired(limit, workload, &mut report).await?
             };
             let took = now.elapsed();
             self.neighbours.saw(reaped, Instant::now());
             drain.pace(self.neighbours.pace(Instant::now()));
             drain.took(reaped.n);
-            send_counts(
-                &self.metrics,
-                backend,
-                outcome.reported() - before,
-                &mut lateness,
-            )
-            .await;
+            tally.send(&self.metrics, backend, outcome.reported()).await;
             drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
-        let before = outcome.reported();
         {
-            let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
+            let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
             expired.finish(&mut report).await?;
         }
-        send_counts(
-            &self.metrics,
-            backend,
-            outcome.reported() - before,
-            &mut lateness,
-        )
-        .await;
+        tally.send(&self.metrics, backend, outcome.reported()).await;
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -226,19 +212,12 @@ impl<S: LockStore> LockSweeper<S> {
         let mut takeovers = expired.into_takeovers();
         let mut drain = Drain::new(BATCH_SIZE);
         while drain.go_on(cancel) {
-            let before = outcome.reported();
             let n = {
-                let mut report = reporter(&mut self.events, &mut lateness, backend, &mut outcome);
+                let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
                 takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
             };
             drain.took(n);
-            send_counts(
-                &self.metrics,
-                backend,
-                outcome.reported() - before,
-                &mut lateness,
-            )
-            .await;
+            tally.send(&self.metrics, backend, outcome.reported()).await;
         }
         outcome.batches += drain.batches;
         if drain.interrupted {
@@ -256,41 +235,50 @@ impl<S: LockStore> LockSweeper<S> {
     }
 }
 
-/// Writes a batch's `lease_expired` lines and counts them as written, and
-/// gathers their lateness: a batch whose lines another sweeper wrote (it
-/// recovered the hand-off first) counts there.
-fn reporter<'a>(
-    events: &'a mut EventLog,
-    lateness: &'a mut Lateness<ReapedBy>,
-    backend: &'static str,
-    outcome: &'a mut SweepOutcome,
-) -> impl FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send + 'a {
-    move |leases| {
-        events.lease_expired(backend, leases)?;
-        lateness.add_leases(leases);
-        for lease in leases {
-            match lease.reaped_by {
-                ReapedBy::Sweep => outcome.swept += 1,
-                ReapedBy::Takeover => outcome.taken_over += 1,
-            }
-        }
-        Ok(())
-    }
+/// What a sweep has reported and not yet given the metrics.
+#[derive(Default)]
+struct Tally {
+    /// Leases reported and already counted.
+    counted: u64,
+    /// The lateness of those reported since.
+    lateness: Lateness<ReapedBy>,
 }
 
-/// Counts a batch's reported leases and records their lateness, and sends
-/// them at once: a long drain must not hold committed counts until it ends
-/// (a crash would lose them).
-async fn send_counts(
-    metrics: &Metrics,
-    backend: &'static str,
-    reported: u64,
-    lateness: &mut Lateness<ReapedBy>,
-) {
-    if reported > 0 {
-        metrics.lease_overdue(backend, lateness);
-        metrics.lease_expired(backend, reported);
-        metrics.flush().await;
+impl Tally {
+    /// Writes a batch's `lease_expired` lines and counts them as written
+    /// in `outcome`, gathering their lateness: a batch whose lines another
+    /// sweeper wrote (it recovered the hand-off first) counts there.
+    fn reporter<'a>(
+        &'a mut self,
+        events: &'a mut EventLog,
+        backend: &'static str,
+        outcome: &'a mut SweepOutcome,
+    ) -> impl FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send + 'a {
+        move |leases| {
+            events.lease_expired(backend, leases)?;
+            self.lateness.add_leases(leases);
+            for lease in leases {
+                match lease.reaped_by {
+                    ReapedBy::Sweep => outcome.swept += 1,
+                    ReapedBy::Takeover => outcome.taken_over += 1,
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Counts the leases reported since the last call (`reported` in all),
+    /// records their lateness and sends both at once, after each batch
+    /// commits: a long drain must not hold committed counts until it ends
+    /// (a crash would lose them).
+    async fn send(&mut self, metrics: &Metrics, backend: &'static str, reported: u64) {
+        let n = reported - self.counted;
+        self.counted = reported;
+        if n > 0 {
+            metrics.lease_overdue(backend, &mut self.lateness);
+            metrics.lease_expired(backend, n);
+            metrics.flush().await;
+        }
     }
 }
 
