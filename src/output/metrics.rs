@@ -11,8 +11,9 @@
 //! The one place the two differ is lateness: Prometheus observes every lease
 //! and job (a histogram costs the same for any number), StatsD gets at most
 //! `MAX_OVERDUE_SAMPLES` timer samples a batch per tag set, with their sample
-//! rate, so a storm of 200,000 leases sends 4,000 timer lines, not 200,000.
-//! Counts are never sampled.
+//! rate, so a storm of 200,000 leases sends 4,000 timer lines, not 200,000;
+//! a batch's lateness is gathered while its lines are written (`Lateness`)
+//! and sampled once they all are. Counts are never sampled.
 
 use std::time::Duration;
 

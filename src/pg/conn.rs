@@ -1,8 +1,9 @@
 //! One connection per service, its transactions, and how database failures
 //! are told. Owns connecting (the host walk of `pgconn`), the guards every
-//! transaction sets (`BEGIN_GUARDED`), the order of a batch's report and
-//! commit, dropping a connection after any error so the next call walks the
-//! hosts again, and naming a failure's real cause. No SQL besides the guards.
+//! transaction sets (`BEGIN_GUARDED`), the order of a batch's report (in
+//! chunks, other work between them) and commit, dropping a connection after
+//! any error so the next call walks the hosts again, and naming a failure's
+//! real cause. No SQL besides the guards.
 
 use std::time::Duration;
 
