@@ -189,6 +189,7 @@ DECLARE
     v_next bigint := GREATEST(p_from_page, 0);
     -- Others at work as the call starts, for the caller's next batches.
     v_busy integer := lock_reap_busy();
+    v_skip_locked boolean;
     v_counted boolean;
     v_age_xmin integer;
     v_age_xmax integer;
@@ -206,6 +207,7 @@ BEGIN
         RAISE EXCEPTION 'lock_reap_walk: skip_locked must be true or false'
             USING ERRCODE = '22023';
     END IF;
+    v_skip_locked := p_skip_locked;
     WHILE p_limit > 0 LOOP
         IF v_lo >= v_pages THEN
             v_next := -1;
@@ -214,7 +216,7 @@ BEGIN
         v_hi := (v_range + 1) * lock_walk_range_pages();
         -- Infinite deadlines are left to lock_reap_expired, whose
         -- oldest-first batch (the first of every sweep) reaps them.
-        IF p_skip_locked THEN
+        IF v_skip_locked THEN
             SELECT pg_catalog.array_agg(d.ctid) INTO v_found
               FROM (SELECT ctid
                       FROM lock_entry

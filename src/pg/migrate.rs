@@ -84,3 +84,46 @@ SELECT pg_catalog.string_agg(x.what, '; ' ORDER BY x.what)
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_operator AS b
                         WHERE b.oprnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
                           AND b.oprname OPERATOR(pg_catalog.=) op.oprname)) AS x";
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATOR;
+
+    /// Each migration as it first landed: the start of its SHA-384, the
+    /// checksum sqlx stores when it applies it. A database that applied a
+    /// migration refuses a binary whose copy of it differs, so a landed
+    /// migration is never edited (a change is a new migration); a new one
+    /// adds its line here.
+    const LANDED: &[(i64, &str)] = &[
+        (20261129000100, "a762107ac4785e78"),
+        (20261129000200, "f1ed76117a23a92e"),
+        (20261129000300, "a1eadb5d66c77765"),
+        (20261130000100, "18cdf637b8731ce0"),
+        (20261130000110, "c67112829d870949"),
+        (20261130000120, "9d4eb57eb97ce575"),
+        (20261130000300, "e681a8f9f8fe5deb"),
+        (20261130000400, "c94f812e3c50452a"),
+        (20261201000100, "4cec62e8b6a2ccfb"),
+        (20261201000200, "f0af6baaa5f5fceb"),
+        (20261201000400, "60ee757e3b6c4f8d"),
+        (20261202000100, "5b4c685fe279f6da"),
+        (20261202000200, "ead1de07303ead66"),
+        (20261202000300, "de75f826a8caa423"),
+        (20261204000100, "3c16223fa06e55c4"),
+        (20261204000200, "32d3e67a0e77782f"),
+        (20261204000300, "8849189dae864e9c"),
+    ];
+
+    #[test]
+    fn landed_migrations_are_never_edited() {
+        let bundled: Vec<(i64, String)> = MIGRATOR
+            .iter()
+            .map(|m| {
+                let hex: String = m.checksum.iter().map(|b| format!("{b:02x}")).collect();
+                (m.version, hex[..16].to_owned())
+            })
+            .collect();
+        let landed: Vec<(i64, String)> = LANDED.iter().map(|&(v, h)| (v, h.to_owned())).collect();
+        assert_eq!(bundled, landed);
+    }
+}
