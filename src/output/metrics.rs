@@ -116,19 +116,10 @@ impl Metrics {
     pub fn lease_overdue(&self, backend: &'static str, lateness: &mut Lateness<ReapedBy>) {
         for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
             let group = lateness.of(by);
-            let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
-            for &overdue in sample {
-                let timer = self
-                    .statsd
-                    .client
-                    .time_with_tags(LEASE_OVERDUE, millis(overdue))
-                    .with_tag("backend", backend)
-                    .with_tag("reaped_by", by.as_str());
-                match rate {
-                    Some(rate) => timer.with_sampling_rate(rate).send(),
-                    None => timer.send(),
-                }
+            if group.is_empty() {
+                continue;
             }
+            self.overdue_timers(LEASE_OVERDUE, backend, ("reaped_by", by.as_str()), &group);
             if let Some(p) = &self.prometheus {
                 p.lease_overdue(backend, by, group);
             }
@@ -143,24 +134,39 @@ impl Metrics {
     pub fn job_lease_overdue(&self, backend: &'static str, lateness: &mut Lateness<&'static str>) {
         for action in [ACTION_RESET, ACTION_DEAD_LETTER] {
             let group = lateness.of(action);
-            let (rate, sample) = sampled(&group, MAX_OVERDUE_SAMPLES);
-            for &overdue in sample {
-                let timer = self
-                    .statsd
-                    .client
-                    .time_with_tags(JOB_LEASE_OVERDUE, millis(overdue))
-                    .with_tag("backend", backend)
-                    .with_tag("action", action);
-                match rate {
-                    Some(rate) => timer.with_sampling_rate(rate).send(),
-                    None => timer.send(),
-                }
+            if group.is_empty() {
+                continue;
             }
+            self.overdue_timers(JOB_LEASE_OVERDUE, backend, ("action", action), &group);
             if let Some(p) = &self.prometheus {
                 p.job_lease_overdue(backend, action, group);
             }
         }
         lateness.0.clear();
+    }
+
+    /// One tag set's StatsD timers (`sampled`), tagged `backend` and `tag`,
+    /// each with the sample rate when it is a sample.
+    fn overdue_timers(
+        &self,
+        metric: &str,
+        backend: &'static str,
+        tag: (&str, &str),
+        overdue_millis: &[i64],
+    ) {
+        let (rate, sample) = sampled(overdue_millis, MAX_OVERDUE_SAMPLES);
+        for &overdue in sample {
+            let timer = self
+                .statsd
+                .client
+                .time_with_tags(metric, millis(overdue))
+                .with_tag("backend", backend)
+                .with_tag(tag.0, tag.1);
+            match rate {
+                Some(rate) => timer.with_sampling_rate(rate).send(),
+                None => timer.send(),
+            }
+        }
     }
 
     pub fn held_current(&self, backend: &'static str, held: u64) {
@@ -269,6 +275,13 @@ impl Lateness<&'static str> {
                 self.0.push((action, a.overdue_millis));
             }
         }
+    }
+}
+
+impl<K> Lateness<K> {
+    /// How many leases (or jobs) were gathered since it was last recorded.
+    pub fn count(&self) -> u64 {
+        self.0.len() as u64
     }
 }
 
