@@ -122,13 +122,6 @@ pub struct SweepOutcome {
     pub interrupted: bool,
 }
 
-impl SweepOutcome {
-    /// Leases reported so far, however they were reaped.
-    fn reported(&self) -> u64 {
-        self.swept + self.taken_over
-    }
-}
-
 impl Outcome for SweepOutcome {
     fn log_done(&self) {
         tracing::debug!(
@@ -194,7 +187,7 @@ impl<S: LockStore> LockSweeper<S> {
             self.neighbours.saw(reaped, Instant::now());
             drain.pace(self.neighbours.pace(Instant::now()));
             drain.took(reaped.n);
-            tally.send(&self.metrics, backend, outcome.reported()).await;
+            tally.send(&self.metrics, backend).await;
             drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
@@ -202,7 +195,7 @@ impl<S: LockStore> LockSweeper<S> {
             let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
             expired.finish(&mut report).await?;
         }
-        tally.send(&self.metrics, backend, outcome.reported()).await;
+        tally.send(&self.metrics, backend).await;
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -217,7 +210,7 @@ impl<S: LockStore> LockSweeper<S> {
                 takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
             };
             drain.took(n);
-            tally.send(&self.metrics, backend, outcome.reported()).await;
+            tally.send(&self.metrics, backend).await;
         }
         outcome.batches += drain.batches;
         if drain.interrupted {
@@ -235,12 +228,10 @@ impl<S: LockStore> LockSweeper<S> {
     }
 }
 
-/// What a sweep has reported and not yet given the metrics.
+/// What a sweep has reported and not yet given the metrics: the lateness of
+/// each lease reported since, one entry a lease, so also how many to count.
 #[derive(Default)]
 struct Tally {
-    /// Leases reported and already counted.
-    counted: u64,
-    /// The lateness of those reported since.
     lateness: Lateness<ReapedBy>,
 }
 
@@ -267,13 +258,12 @@ impl Tally {
         }
     }
 
-    /// Counts the leases reported since the last call (`reported` in all),
-    /// records their lateness and sends both at once, after each batch
-    /// commits: a long drain must not hold committed counts until it ends
-    /// (a crash would lose them).
-    async fn send(&mut self, metrics: &Metrics, backend: &'static str, reported: u64) {
-        let n = reported - self.counted;
-        self.counted = reported;
+    /// Counts the leases reported since the last call, records their
+    /// lateness and sends both at once, after each batch commits: a long
+    /// drain must not hold committed counts until it ends (a crash would
+    /// lose them).
+    async fn send(&mut self, metrics: &Metrics, backend: &'static str) {
+        let n = self.lateness.count();
         if n > 0 {
             metrics.lease_overdue(backend, &mut self.lateness);
             metrics.lease_expired(backend, n);
