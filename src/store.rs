@@ -8,8 +8,31 @@ use std::future::Future;
 
 use crate::model::{ExpiredLease, JobAction};
 
-/// Writes a batch's lines and flushes them; an error means "do not commit".
-pub type Report<'a, T> = &'a mut (dyn FnMut(&[T]) -> std::io::Result<()> + Send);
+/// Where a store writes a batch's lines, and whom it tells once they are
+/// committed. A closure that writes lines is one that needs no telling.
+pub trait Reporter<T>: Send {
+    /// Writes lines (a batch, or a chunk of one) and flushes them; an error
+    /// means "do not commit".
+    fn lines(&mut self, rows: &[T]) -> std::io::Result<()>;
+
+    /// Every line written since the last call belongs to a batch now
+    /// committed (its last record is gone): what they count may be sent.
+    /// Called after each commit, so a store that commits several batches in
+    /// one call has each counted as it commits, not when the call returns.
+    fn committed(&mut self) {}
+}
+
+impl<T, F> Reporter<T> for F
+where
+    F: FnMut(&[T]) -> std::io::Result<()> + Send,
+{
+    fn lines(&mut self, rows: &[T]) -> std::io::Result<()> {
+        self(rows)
+    }
+}
+
+/// How a store is handed its `Reporter`.
+pub type Report<'a, T> = &'a mut dyn Reporter<T>;
 
 /// What one reaping call took off the table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,6 +40,9 @@ pub struct Reaped {
     /// Leases taken off the table, for the drain rule (what was reported went
     /// through `report`).
     pub n: usize,
+    /// The transactions that took them: one a batch, and a call may take
+    /// more than one (two walkers, or a walk the index took over from).
+    pub batches: u32,
     /// Lock-server calls that were queued behind the batch when it ended: the
     /// sweep takes smaller batches while there are any.
     pub waiters: u32,

@@ -229,8 +229,8 @@ impl Metrics {
     /// Hands what StatsD has buffered to its sender, without waiting on DNS
     /// or the network (the Prometheus series need no flush: a scrape reads
     /// them as they are).
-    pub async fn flush(&self) {
-        self.statsd.flush().await;
+    pub fn flush(&self) {
+        self.statsd.flush();
     }
 
     /// At shutdown, after the services stopped: lets StatsD's sender deliver

@@ -92,9 +92,8 @@ impl Statsd {
     }
 
     /// Hands everything buffered over to the sender and returns at once:
-    /// it never waits on a lookup or a send. Async so the services can await
-    /// it like the rest of their pass.
-    pub async fn flush(&self) {
+    /// it never waits on a lookup or a send.
+    pub fn flush(&self) {
         self.shared.hand_over(false);
     }
 
@@ -407,7 +406,7 @@ mod tests {
         // on it would never return, and the test would hang here.
         for n in 1..=3 {
             statsd.client.count("lock.lease.expired", n).unwrap();
-            statsd.flush().await;
+            statsd.flush();
         }
         answer.send(()).unwrap();
 

@@ -388,10 +388,12 @@ pub async fn report_then_commit<T>(
     rows: &[T],
     report: Report<'_, T>,
 ) -> Result<(), BatchFailure> {
-    report_in_chunks(rows, report)
+    report_in_chunks(rows, &mut *report)
         .await
         .map_err(BatchFailure::Report)?;
-    commit(tx).await
+    commit(tx).await?;
+    report.committed();
+    Ok(())
 }
 
 /// Reports `rows` `REPORT_CHUNK` at a time, yielding to the runtime between
@@ -404,7 +406,7 @@ async fn report_in_chunks<T>(rows: &[T], report: Report<'_, T>) -> std::io::Resu
         if i > 0 {
             tokio::task::yield_now().await;
         }
-        report(chunk)?;
+        report.lines(chunk)?;
     }
     Ok(())
 }

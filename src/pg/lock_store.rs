@@ -127,6 +127,7 @@ struct Taken {
 impl Taken {
     fn add(&mut self, done: Done) {
         self.reaped.n += done.n;
+        self.reaped.batches += u32::from(done.n > 0);
         self.reaped.waiters = self.reaped.waiters.max(done.waiters);
         self.reaped.busy = self.reaped.busy.max(done.busy);
         self.handed_off.extend(done.handed_off);

@@ -155,7 +155,7 @@ impl<Q: JobQueue> JobReaper<Q> {
                         ACTION_DEAD_LETTER,
                         applied.dead_lettered,
                     );
-                    self.metrics.flush().await;
+                    self.metrics.flush();
                     outcome.reset += applied.reset;
                     outcome.dead_lettered += applied.dead_lettered;
                 }
@@ -208,7 +208,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             self.metrics.job_lease_reaped(backend, ACTION_RESET, reset);
             self.metrics
                 .job_lease_reaped(backend, ACTION_DEAD_LETTER, dead);
-            self.metrics.flush().await;
+            self.metrics.flush();
             outcome.reset += reset;
             outcome.dead_lettered += dead;
         }
@@ -376,7 +376,7 @@ mod tests {
     }
 
     fn written(report: Report<'_, JobAction>, batch: &[JobAction]) -> Result<(), StoreError> {
-        report(batch).map_err(|source| StoreError::Report {
+        report.lines(batch).map_err(|source| StoreError::Report {
             work: Work::JobQueue,
             source,
         })

@@ -15,7 +15,7 @@ use tracing::info;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
-use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Workload};
+use crate::store::{ExpiryStage, LockStore, Reaped, Reporter, StoreError, TakeoverStage, Workload};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
@@ -180,22 +180,23 @@ impl<S: LockStore> LockSweeper<S> {
             drain.limit_to(limit);
             let workload = self.neighbours.workload(now);
             let reaped = {
-                let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
+                let mut report =
+                    tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
                 expired.reap_expired(limit, workload, &mut report).await?
             };
             let took = now.elapsed();
             self.neighbours.saw(reaped, Instant::now());
             drain.pace(self.neighbours.pace(Instant::now()));
-            drain.took(reaped.n);
-            tally.send(&self.metrics, backend).await;
+            drain.took_in(reaped.n, reaped.batches);
+            tally.send(&self.metrics, backend);
             drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
         {
-            let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
+            let mut report = tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
             expired.finish(&mut report).await?;
         }
-        tally.send(&self.metrics, backend).await;
+        tally.send(&self.metrics, backend);
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -206,11 +207,12 @@ impl<S: LockStore> LockSweeper<S> {
         let mut drain = Drain::new(BATCH_SIZE);
         while drain.go_on(cancel) {
             let n = {
-                let mut report = tally.reporter(&mut self.events, backend, &mut outcome);
+                let mut report =
+                    tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
                 takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
             };
             drain.took(n);
-            tally.send(&self.metrics, backend).await;
+            tally.send(&self.metrics, backend);
         }
         outcome.batches += drain.batches;
         if drain.interrupted {
@@ -235,39 +237,67 @@ struct Tally {
     lateness: Lateness<ReapedBy>,
 }
 
+/// The store's `Reporter` for one reaping call: writes the `lease_expired`
+/// lines, counts them as written in the sweep's outcome and gathers their
+/// lateness; a batch whose lines another sweeper wrote (it recovered the
+/// hand-off first) counts there.
+struct TallyReporter<'a> {
+    tally: &'a mut Tally,
+    events: &'a mut EventLog,
+    metrics: &'a Metrics,
+    backend: &'static str,
+    outcome: &'a mut SweepOutcome,
+}
+
+impl Reporter<ExpiredLease> for TallyReporter<'_> {
+    fn lines(&mut self, leases: &[ExpiredLease]) -> std::io::Result<()> {
+        self.events.lease_expired(self.backend, leases)?;
+        self.tally.lateness.add_leases(leases);
+        for lease in leases {
+            match lease.reaped_by {
+                ReapedBy::Sweep => self.outcome.swept += 1,
+                ReapedBy::Takeover => self.outcome.taken_over += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sent as each batch commits: a call that commits two batches (the
+    /// lines of two walkers' batches) must not hold the first one's count
+    /// while the second is written, where a crash would lose it.
+    fn committed(&mut self) {
+        self.tally.send(self.metrics, self.backend);
+    }
+}
+
 impl Tally {
-    /// Writes a batch's `lease_expired` lines and counts them as written
-    /// in `outcome`, gathering their lateness: a batch whose lines another
-    /// sweeper wrote (it recovered the hand-off first) counts there.
     fn reporter<'a>(
         &'a mut self,
         events: &'a mut EventLog,
+        metrics: &'a Metrics,
         backend: &'static str,
         outcome: &'a mut SweepOutcome,
-    ) -> impl FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send + 'a {
-        move |leases| {
-            events.lease_expired(backend, leases)?;
-            self.lateness.add_leases(leases);
-            for lease in leases {
-                match lease.reaped_by {
-                    ReapedBy::Sweep => outcome.swept += 1,
-                    ReapedBy::Takeover => outcome.taken_over += 1,
-                }
-            }
-            Ok(())
+    ) -> TallyReporter<'a> {
+        TallyReporter {
+            tally: self,
+            events,
+            metrics,
+            backend,
+            outcome,
         }
     }
 
     /// Counts the leases reported since the last call, records their
-    /// lateness and sends both at once, after each batch commits: a long
-    /// drain must not hold committed counts until it ends (a crash would
-    /// lose them).
-    async fn send(&mut self, metrics: &Metrics, backend: &'static str) {
+    /// lateness and sends both at once: as each batch commits
+    /// (`Reporter::committed`), and after each reaping call for what a store
+    /// did not announce. A long drain must not hold committed counts until
+    /// it ends (a crash would lose them).
+    fn send(&mut self, metrics: &Metrics, backend: &'static str) {
         let n = self.lateness.count();
         if n > 0 {
             metrics.lease_overdue(backend, &mut self.lateness);
             metrics.lease_expired(backend, n);
-            metrics.flush().await;
+            metrics.flush();
         }
     }
 }
@@ -303,7 +333,7 @@ mod tests {
     use super::*;
     use crate::config::StatsdTarget;
     use crate::progress::Progress;
-    use crate::store::{Reaped, Work};
+    use crate::store::{Reaped, Report, Work};
 
     /// What the stub's next `reap_expired` call does.
     enum Step {
@@ -390,7 +420,7 @@ mod tests {
             &mut self,
             limit: usize,
             workload: Workload,
-            report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+            report: Report<'_, ExpiredLease>,
         ) -> Result<Reaped, StoreError> {
             self.called("reap");
             self.limits.lock().unwrap().push(limit);
@@ -422,21 +452,25 @@ mod tests {
                 }
             };
             assert!(n <= limit);
-            report(&leases(n, ReapedBy::Sweep)).map_err(|source| StoreError::Report {
-                work: Work::LockLeases,
-                source,
-            })?;
-            Ok(Reaped { n, waiters, busy })
+            report
+                .lines(&leases(n, ReapedBy::Sweep))
+                .map_err(|source| StoreError::Report {
+                    work: Work::LockLeases,
+                    source,
+                })?;
+            Ok(Reaped {
+                n,
+                batches: u32::from(n > 0),
+                waiters,
+                busy,
+            })
         }
 
         fn busy(&self) -> u32 {
             *self.busy_at_begin.lock().unwrap()
         }
 
-        async fn finish(
-            &mut self,
-            _report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
-        ) -> Result<(), StoreError> {
+        async fn finish(&mut self, _report: Report<'_, ExpiredLease>) -> Result<(), StoreError> {
             self.called("finish");
             Ok(())
         }
@@ -450,7 +484,7 @@ mod tests {
         async fn drain_takeovers(
             &mut self,
             limit: usize,
-            report: &mut (dyn FnMut(&[ExpiredLease]) -> std::io::Result<()> + Send),
+            report: Report<'_, ExpiredLease>,
         ) -> Result<usize, StoreError> {
             self.called("drain");
             let n = self.takeovers.lock().unwrap().pop_front().unwrap_or(0);
@@ -458,10 +492,12 @@ mod tests {
                 token.cancel();
             }
             assert!(n <= limit);
-            report(&leases(n, ReapedBy::Takeover)).map_err(|source| StoreError::Report {
-                work: Work::LockLeases,
-                source,
-            })?;
+            report
+                .lines(&leases(n, ReapedBy::Takeover))
+                .map_err(|source| StoreError::Report {
+                    work: Work::LockLeases,
+                    source,
+                })?;
             Ok(n)
         }
 

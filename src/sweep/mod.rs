@@ -114,7 +114,7 @@ pub async fn run<S: Service>(
                 break;
             }
         }
-        metrics.flush().await;
+        metrics.flush();
         beat.beat();
         tokio::select! {
             biased;
@@ -122,7 +122,7 @@ pub async fn run<S: Service>(
             () = tokio::time::sleep(S::DELAY) => {}
         }
     }
-    metrics.flush().await;
+    metrics.flush();
     info!("{}_stopped", S::NAME);
 }
 
@@ -208,9 +208,13 @@ impl Drain {
 
     /// A batch handled `n` rows; a short one ends the drain.
     pub fn took(&mut self, n: usize) {
-        if n > 0 {
-            self.batches += 1;
-        }
+        self.took_in(n, u32::from(n > 0));
+    }
+
+    /// A call handled `n` rows in `batches` batches; a short call ends the
+    /// drain.
+    pub fn took_in(&mut self, n: usize, batches: u32) {
+        self.batches += u64::from(batches);
         self.more = n >= self.limit;
     }
 

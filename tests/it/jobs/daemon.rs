@@ -45,7 +45,7 @@ async fn reap_once_line_per_action() {
         .reap_once(&tokio_util::sync::CancellationToken::new())
         .await
         .expect("reap succeeds");
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(
         (outcome.reset, outcome.dead_lettered, outcome.stale),
@@ -134,7 +134,7 @@ async fn reap_once_gated_reports_gauge_only() {
         .reap_once(&tokio_util::sync::CancellationToken::new())
         .await
         .unwrap();
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(
         outcome.refused.as_deref(),

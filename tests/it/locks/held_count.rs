@@ -111,7 +111,7 @@ impl Replica {
             .unwrap();
         let held = outcome.held.expect("a finished pass reports the gauge");
         let before = self.statsd.lines().len();
-        self.metrics.flush().await;
+        self.metrics.flush();
         wait_until(Duration::from_secs(10), "the gauge datagram", || async {
             self.statsd.lines()[before..]
                 .iter()

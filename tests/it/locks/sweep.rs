@@ -41,7 +41,7 @@ async fn n_expiries_n_lines_count_n() {
         .sweep_once(&CancellationToken::new())
         .await
         .expect("sweep succeeds");
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(outcome.swept, 25);
     assert_eq!(outcome.taken_over, 0);
@@ -94,7 +94,7 @@ async fn live_leases_untouched_quiet_sweep_silent() {
     let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(
         (outcome.swept, outcome.taken_over, outcome.held),
@@ -134,7 +134,7 @@ async fn backlog_drained_in_one_sweep() {
     let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(outcome.swept, n as u64);
     assert_eq!(outcome.batches, 3);
@@ -275,7 +275,7 @@ async fn three_sweepers_report_each_once() {
         c.sweep_once(&token)
     );
     for m in [m_a, m_b, m_c] {
-        m.flush().await;
+        m.flush();
     }
 
     let total = ra.unwrap().swept + rb.unwrap().swept + rc.unwrap().swept;
@@ -317,7 +317,7 @@ async fn takeover_reported_once() {
     let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(
         (outcome.swept, outcome.taken_over, outcome.held),
@@ -567,7 +567,7 @@ async fn unwritable_batch_stays_handed_off() {
         0
     );
     // Exactly the healthy sweep's twelve: the failed batch counted none.
-    metrics.flush().await;
+    metrics.flush();
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", 12)
         .await;
@@ -623,7 +623,7 @@ async fn lateness_sample_spans_each_whole_batch() {
     let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush().await;
+    metrics.flush();
 
     assert_eq!(outcome.swept, n as u64);
     assert_eq!(log.lines().len(), n as usize);
