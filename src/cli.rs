@@ -326,7 +326,7 @@ DESCRIPTION:
   FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 17 applied (latest 20261204000300)
+  ok    migrations: all 18 applied (latest 20261205000100)
   FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
   check FAILED: 1 of 63 checks failed (see the FAIL lines above); the migrated role

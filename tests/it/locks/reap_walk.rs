@@ -3,8 +3,9 @@
 //! (integer milliseconds, deadlines before 1970 included), passes over live
 //! leases and empty pages, splits the heap between walkers without either
 //! waiting (a batch around a range another walker holds leaves it out, a
-//! careful one locks none of its rows), gives up at once on a row someone
-//! holds, and refuses bad arguments.
+//! careful one locks none of its rows, a sweeper's two walkers take
+//! alternate ranges), gives up at once on a row someone holds, and refuses
+//! bad arguments.
 
 use std::collections::HashMap;
 
@@ -92,6 +93,11 @@ async fn walk_refuses_bad_limit_or_page() {
         "SELECT * FROM lock_reap_walk(-5, 0, false)",
         "SELECT * FROM lock_reap_walk(10, NULL, false)",
         "SELECT * FROM lock_reap_walk(10, 0, NULL)",
+        "SELECT * FROM lock_reap_walk(10, 0, false, 0, 0)",
+        "SELECT * FROM lock_reap_walk(10, 0, false, NULL, 0)",
+        "SELECT * FROM lock_reap_walk(10, 0, false, 2, 2)",
+        "SELECT * FROM lock_reap_walk(10, 0, false, 2, -1)",
+        "SELECT * FROM lock_reap_walk(10, 0, false, 2, NULL)",
     ] {
         assert_fails_with(&mut conn, sql, "22023").await;
     }
@@ -252,6 +258,87 @@ async fn walkers_split_ranges_without_waiting() {
         count(&mut conn, "SELECT count(*) FROM lock_entry").await,
         total - 200
     );
+}
+
+/// One sweeper's two walkers, in alternate ranges (stride 2, phases 0 and
+/// 1): while the first holds a full batch uncommitted, the second drains all
+/// of its own ranges without meeting a row of the first's (it would wait on
+/// it and fail after lock_timeout); each takes only rows of its own ranges,
+/// and together they take every expired lease once.
+#[tokio::test]
+async fn alternate_range_walkers_split_the_heap() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    let (_, total) = expired_over_three_ranges(&mut conn).await;
+    let range_of: HashMap<String, i64> = sqlx::query_as(
+        "SELECT lock_key, (ctid::text::point)[0]::bigint / lock_walk_range_pages() FROM lock_entry",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert!(range_of.values().any(|&r| r >= 2), "three ranges at least");
+
+    /// Walks `phase`'s ranges to the end of the table in batches of 1,000,
+    /// each committed before the next; the keys taken.
+    async fn walk_to_the_end(conn: &mut sqlx::PgConnection, phase: i32, from: i64) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut page = from;
+        while page >= 0 {
+            let (batch, next): (Option<Vec<String>>, i64) = sqlx::query_as(
+                "SELECT lock_keys, next_page FROM lock_reap_walk(1000, $1, false, 2, $2)",
+            )
+            .bind(page)
+            .bind(phase)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("a walker never meets the other's rows");
+            keys.extend(batch.unwrap_or_default());
+            page = next;
+        }
+        keys
+    }
+
+    // The first walker's first batch, held open.
+    let mut first = db.connect().await;
+    let mut first_tx = first.begin().await.unwrap();
+    let (held, next): (Vec<String>, i64) =
+        sqlx::query_as("SELECT lock_keys, next_page FROM lock_reap_walk(1000, 0, false, 2, 0)")
+            .fetch_one(&mut *first_tx)
+            .await
+            .unwrap();
+    assert_eq!(held.len(), 1000);
+    let mut second = db.connect().await;
+    let taken_second = walk_to_the_end(&mut second, 1, 0).await;
+    first_tx.commit().await.unwrap();
+    let taken_first: Vec<String> = held
+        .into_iter()
+        .chain(walk_to_the_end(&mut first, 0, next).await)
+        .collect();
+
+    for (phase, keys) in [&taken_first, &taken_second].into_iter().enumerate() {
+        assert!(!keys.is_empty());
+        let strays: Vec<_> = keys
+            .iter()
+            .filter(|k| range_of[k.as_str()] % 2 != phase as i64)
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "walker {phase} took rows of the other's ranges: {strays:?}"
+        );
+    }
+    let both: std::collections::HashSet<_> = taken_first.iter().chain(&taken_second).collect();
+    assert_eq!(
+        (
+            both.len() as i64,
+            (taken_first.len() + taken_second.len()) as i64
+        ),
+        (total, total),
+        "every lease taken once"
+    );
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
 }
 
 /// How many rows pages `from`..`to` of lock_entry hold.
