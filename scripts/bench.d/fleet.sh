@@ -10,8 +10,8 @@
 #   1. a throwaway PostgreSQL 15 (scripts/bench.d/pg.sh, max_connections
 #      raised to fit the direct run) and PgBouncer in transaction mode in
 #      front of it (pool_mode=transaction, default_pool_size=--pool,
-#      max_client_conn=max(4 x daemons + 50, 250): three connections each,
-#      a fourth while one drains alone), both as the `postgres`
+#      max_client_conn=max(5 x daemons + 50, 250): three connections each,
+#      five while one drains alone), both as the `postgres`
 #      user when run as root;
 #   2. `lease-sweeper migrate` directly (sqlx's migrator holds a session
 #      advisory lock, which transaction pooling breaks), then --leases live
@@ -98,15 +98,17 @@ LOADS=()
 load_now() { cut -d' ' -f1-3 /proc/loadavg; }
 
 # Three connections a daemon (the lock sweep, the job reaper, the horizon
-# check), a fourth while its lock sweep drains alone.
+# check), two more while its lock sweep drains alone (a second walker, the
+# writer of the lines).
 CLIENTS_EACH=3
+DRAINING_EXTRA=2
 # Room for the direct run's daemons, PgBouncer's pool and the harness's own
 # psql.
-MAXCONN=$(((CLIENTS_EACH + 1) * DIRECT + POOL + 20))
+MAXCONN=$(((CLIENTS_EACH + DRAINING_EXTRA) * DIRECT + POOL + 20))
 for i in "${!PG_BENCH_SETTINGS[@]}"; do
     [[ ${PG_BENCH_SETTINGS[i]} == max_connections=* ]] && PG_BENCH_SETTINGS[i]=max_connections=$MAXCONN
 done
-MAXCLIENT=$(((CLIENTS_EACH + 1) * DAEMONS + 50))
+MAXCLIENT=$(((CLIENTS_EACH + DRAINING_EXTRA) * DAEMONS + 50))
 ((MAXCLIENT >= 250)) || MAXCLIENT=250
 
 WORK=${FLEET_WORK:-$(mktemp -d /tmp/lease-fleet.XXXXXX)}

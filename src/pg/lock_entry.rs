@@ -87,10 +87,36 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_e
 /// returns), hands them off the same way and returns them as arrays, with
 /// the deadlines as timestamps and the statement's clock (`reaped_at`), from
 /// which `walk_leases` derives both millisecond fields, and `busy`: how many
-/// other sessions were running a statement (`lock_reap_busy`).
+/// other sessions were running a statement (`lock_reap_busy`). It looks only
+/// at the ranges whose number is `$5` modulo `$4` (`Ranges`).
 pub const REAP_EXPIRED_WALK: &str = "
 SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters, busy
-  FROM lock_reap_walk($1, $2, $3)";
+  FROM lock_reap_walk($1, $2, $3, $4, $5)";
+
+/// Which of the heap's ranges a walk batch may take (`lock_reap_walk`'s
+/// stride and phase): every one, or, for one of a sweeper's two walkers,
+/// every other one, so that the two never read each other's pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ranges {
+    stride: i32,
+    phase: i32,
+}
+
+impl Ranges {
+    /// Every range: one walker.
+    pub const ALL: Ranges = Ranges {
+        stride: 1,
+        phase: 0,
+    };
+
+    /// Walker `phase` (0 or 1) of two, taking alternate ranges.
+    pub const fn every_other(phase: usize) -> Ranges {
+        Ranges {
+            stride: 2,
+            phase: (phase % 2) as i32,
+        }
+    }
+}
 
 /// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
 /// `migrations/`): is any lease expired (and then, are others busy), is any
@@ -404,12 +430,15 @@ pub async fn reap_expired_walk(
     limit: usize,
     from_page: i64,
     skip_locked: bool,
+    ranges: Ranges,
 ) -> Result<(HandedOff, i64), sqlx::Error> {
     let row: WalkRow = sqlx::query_as(REAP_EXPIRED_WALK)
         .persistent(false)
         .bind(conn::limit_param(limit))
         .bind(from_page)
         .bind(skip_locked)
+        .bind(ranges.stride)
+        .bind(ranges.phase)
         .fetch_one(conn)
         .await?;
     let (handoff_id, next_page) = (row.handoff_id, row.next_page);

@@ -1,15 +1,16 @@
 //! The PostgreSQL lock backend (`backend=pg`): a sweep's stages over
 //! `lock_entry`'s statements. Owns each batch's two transactions (delete and
 //! hand off, commit; then claim, report, commit), the writer connection that
-//! lets the second overlap the next batch's first, the probe that makes an
-//! idle sweep one statement, how a backlog is found (index or heap walk), and
-//! the `lease_set_aside` line only it sees. Not the statements (`lock_entry`)
+//! lets the second overlap the next batch's first, the second walker's
+//! connection, the probe that makes an idle sweep one statement, how a
+//! backlog is found (index, one heap walker or two), and the
+//! `lease_set_aside` line only it sees. Not the statements (`lock_entry`)
 //! nor when to sweep, how fast and what else to log (`sweep::lock_sweeper`).
 
 use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
-use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
+use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE, Ranges};
 use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, TakeoverStage, Work, Workload};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
@@ -21,6 +22,9 @@ pub struct PgLockStore {
     /// closed by the first sweep that needs none: a daemon holds it only
     /// while it drains a backlog.
     writer: Db,
+    /// The second walker's connection, opened and closed the same way: a
+    /// backlog walked alone on the server is walked by two (`Next::Pair`).
+    second: Db,
 }
 
 /// A sweep's first stage (`ExpiryStage`): what its probe found and where
@@ -28,9 +32,9 @@ pub struct PgLockStore {
 pub struct PgSweep<'s> {
     store: &'s mut PgLockStore,
     cursor: Cursor,
-    /// A batch handed off and committed whose lines are still to be written
-    /// (`Workload::Idle`).
-    pending: Option<AwaitingLines>,
+    /// Batches handed off and committed whose lines are still to be written
+    /// (`Workload::Idle`), in the order they were taken.
+    pending: Vec<AwaitingLines>,
     /// The writer connection was used during this sweep.
     overlapped: bool,
 }
@@ -45,6 +49,8 @@ struct Cursor {
     /// The walk stopped at a sparse stretch or failed during this sweep:
     /// the rest of the sweep uses the index.
     sparse: bool,
+    /// Two walkers took a batch each during this sweep.
+    paired: bool,
 }
 
 /// A batch taken off the table and handed off (committed with its hand-off
@@ -77,15 +83,23 @@ struct Probe {
 /// Where the next expired-lease batch starts. The first batch of every sweep
 /// is `Oldest` (by the index, with no lower bound: pre-1970 deadlines
 /// included); a full batch means a backlog, drained by walking the heap
-/// (`Walk`) or, where expired rows are sparse, by resuming the index scan at
-/// the newest deadline reaped (`After`). Any short batch or error goes back to
-/// `Oldest`, so a lease passed over (locked by another replica, expired behind
-/// the walk, or set aside) is reaped by the next sweep at the latest.
+/// (`Walk`, `Pair`) or, where expired rows are sparse, by resuming the index
+/// scan at the newest deadline reaped (`After`). Any short batch or error
+/// goes back to `Oldest`, so a lease passed over (locked by another replica,
+/// expired behind the walk, or set aside) is reaped by the next sweep at the
+/// latest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
     Oldest,
     After(i64),
-    Walk(i64),
+    /// One walker, from this page, in these ranges. Alone on the server, a
+    /// walker of every range becomes a pair.
+    Walk(i64, Ranges),
+    /// Two walkers at once, each on its own connection and in alternate
+    /// ranges, from these pages: one walker's statements are the drain's
+    /// floor, and two that take alternate ranges never read the same page.
+    /// Only while no one else is busy: beside a workload, one careful walker.
+    Pair([i64; 2]),
 }
 
 /// Which of the reaping statements a batch runs.
@@ -93,9 +107,13 @@ enum Next {
 enum Reap {
     /// By the expiry index, after this deadline (epoch ms; `None`: all).
     Index { after_millis: Option<i64> },
-    /// By the heap, from this page; locking each row first and skipping
-    /// those others hold, or deleting at once.
-    Walk { from_page: i64, skip_locked: bool },
+    /// By the heap, from this page, in these ranges; locking each row first
+    /// and skipping those others hold, or deleting at once.
+    Walk {
+        from_page: i64,
+        skip_locked: bool,
+        ranges: Ranges,
+    },
 }
 
 /// What a committed batch did.
@@ -138,7 +156,8 @@ impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target.clone(), Work::LockLeases),
-            writer: Db::new(target, Work::LockLeases),
+            writer: Db::new(target.clone(), Work::LockLeases),
+            second: Db::new(target, Work::LockLeases),
         }
     }
 }
@@ -164,6 +183,19 @@ async fn write_handed_off(
     })
     .await
     .map(|_| ())
+}
+
+/// Writes handed-off batches' lines one batch after another, each under its
+/// own claim, so a crash repeats at most the lines of the one being written.
+async fn write_all_handed_off(
+    db: &mut Db,
+    batches: Vec<AwaitingLines>,
+    report: Report<'_>,
+) -> Result<(), StoreError> {
+    for batch in batches {
+        write_handed_off(db, batch, report).await?;
+    }
+    Ok(())
 }
 
 /// Asks whether anything expired or was taken over, and the shared count:
@@ -194,7 +226,7 @@ impl Cursor {
             self.sparse = false;
             Next::Oldest
         } else if after_millis.is_none() && !self.sparse {
-            Next::Walk(0)
+            Next::Walk(0, Ranges::ALL)
         } else {
             match done.newest_millis {
                 Some(newest) => Next::After(newest),
@@ -204,63 +236,189 @@ impl Cursor {
         Ok(done)
     }
 
-    /// Takes the next batch (two when a walk hands over to the index), its
-    /// lines not yet written.
+    /// Takes the next batch (two when a walk hands over to the index, or
+    /// when two walkers take one each), its lines not yet written.
     async fn take(
         &mut self,
         db: &mut Db,
+        second: &mut Db,
         limit: usize,
         workload: Workload,
     ) -> Result<Taken, StoreError> {
-        // Beside a busy workload the walk skips the rows others hold (it
-        // locks each first); alone it deletes without that second write.
-        let skip_locked = workload == Workload::Busy;
         let mut taken = Taken::default();
-        match self.next {
-            Next::Oldest => taken.add(self.index_batch(db, None, limit).await?),
-            Next::After(after) => taken.add(self.index_batch(db, Some(after), limit).await?),
-            Next::Walk(from_page) => {
-                let walk = Reap::Walk {
-                    from_page,
-                    skip_locked,
-                };
-                let done = match batch(db, walk, limit).await {
-                    Ok(done) => done,
-                    // A walk batch that failed rolled back whole (a row that
-                    // cannot be deleted, or one another session holds). The
-                    // index reap sets such a row aside or skips it instead of
-                    // failing, so it takes over this sweep; if the database is
-                    // gone, it fails too, as it should. Someone holding rows
-                    // is someone busy: the next batches are careful ones.
-                    Err(StoreError::Query { .. }) => {
-                        self.sparse = true;
-                        self.next = Next::Oldest;
-                        taken.add(self.index_batch(db, None, limit).await?);
-                        taken.reaped.busy = taken.reaped.busy.max(1);
-                        return Ok(taken);
-                    }
-                    Err(e) => return Err(e),
-                };
-                let next_page = done.next_page.unwrap_or(-1);
-                let full = done.n >= limit;
-                taken.add(done);
-                if full && next_page >= 0 {
-                    self.next = Next::Walk(next_page);
-                    return Ok(taken);
-                }
-                self.next = Next::Oldest;
-                if next_page < 0 {
-                    // The whole table was walked: this sweep's drain is done.
-                    self.sparse = false;
-                    return Ok(taken);
-                }
-                // The walk stopped at a sparse range: too few expired rows per
-                // page for it to pay; the index takes over at once.
-                self.sparse = true;
-                taken.add(self.index_batch(db, None, limit).await?);
+        match (self.next, workload) {
+            (Next::Oldest, _) => taken.add(self.index_batch(db, None, limit).await?),
+            (Next::After(after), _) => taken.add(self.index_batch(db, Some(after), limit).await?),
+            (Next::Walk(from_page, Ranges::ALL), Workload::Idle) => {
+                self.walk_pair(db, second, [from_page; 2], limit, &mut taken)
+                    .await?
+            }
+            (Next::Walk(from_page, ranges), _) => {
+                self.walk(db, from_page, ranges, limit, workload, &mut taken)
+                    .await?
+            }
+            (Next::Pair(pages), Workload::Idle) => {
+                self.walk_pair(db, second, pages, limit, &mut taken).await?
+            }
+            // Others are busy now: one careful walker of every range, from
+            // the page the pair had reached least far (the other walker's
+            // ranges in between are read again, and hold nothing).
+            (Next::Pair(pages), Workload::Busy) => {
+                let from_page = pages[0].min(pages[1]);
+                self.walk(db, from_page, Ranges::ALL, limit, workload, &mut taken)
+                    .await?
             }
         }
         Ok(taken)
+    }
+
+    /// One walker's batch. Beside a busy workload the walk skips the rows
+    /// others hold (it locks each first); alone it deletes without that
+    /// second write.
+    async fn walk(
+        &mut self,
+        db: &mut Db,
+        from_page: i64,
+        ranges: Ranges,
+        limit: usize,
+        workload: Workload,
+        taken: &mut Taken,
+    ) -> Result<(), StoreError> {
+        let walk = Reap::Walk {
+            from_page,
+            skip_locked: workload == Workload::Busy,
+            ranges,
+        };
+        let done = match batch(db, walk, limit).await {
+            Ok(done) => done,
+            Err(StoreError::Query { .. }) => return self.walk_failed(db, limit, taken).await,
+            Err(e) => return Err(e),
+        };
+        let went = Walked::from(&done, limit);
+        taken.add(done);
+        match went {
+            Walked::On(next_page) => {
+                self.next = Next::Walk(next_page, ranges);
+                Ok(())
+            }
+            Walked::ToTheEnd => self.walk_done(),
+            Walked::ToASparseRange => self.walk_sparse(db, limit, taken).await,
+        }
+    }
+
+    /// A batch from each of two walkers at once, in alternate ranges, on two
+    /// connections. Whatever one of them did, the other's committed batch is
+    /// kept.
+    async fn walk_pair(
+        &mut self,
+        db: &mut Db,
+        second: &mut Db,
+        pages: [i64; 2],
+        limit: usize,
+        taken: &mut Taken,
+    ) -> Result<(), StoreError> {
+        self.paired = true;
+        let walk = |phase: usize| Reap::Walk {
+            from_page: pages[phase],
+            skip_locked: false,
+            ranges: Ranges::every_other(phase),
+        };
+        let (first, other) = tokio::join!(batch(db, walk(0), limit), batch(second, walk(1), limit));
+        let mut went = [Walked::ToTheEnd; 2];
+        let mut failed = false;
+        for (phase, done) in [first, other].into_iter().enumerate() {
+            match done {
+                Ok(done) => {
+                    went[phase] = Walked::from(&done, limit);
+                    taken.add(done);
+                }
+                Err(StoreError::Query { .. }) => failed = true,
+                // A batch the other walker committed is reported from its
+                // hand-off row by a later sweep (`lock_handoff_recover`).
+                Err(e) => return Err(e),
+            }
+        }
+        if failed {
+            return self.walk_failed(db, limit, taken).await;
+        }
+        match went {
+            [Walked::On(first), Walked::On(other)] => {
+                self.next = Next::Pair([first, other]);
+                Ok(())
+            }
+            // One walker reached the end of the table: the other goes on
+            // alone, in its own ranges (the first one's are done).
+            [Walked::On(page), Walked::ToTheEnd] => {
+                self.next = Next::Walk(page, Ranges::every_other(0));
+                Ok(())
+            }
+            [Walked::ToTheEnd, Walked::On(page)] => {
+                self.next = Next::Walk(page, Ranges::every_other(1));
+                Ok(())
+            }
+            [Walked::ToTheEnd, Walked::ToTheEnd] => self.walk_done(),
+            _ => self.walk_sparse(db, limit, taken).await,
+        }
+    }
+
+    /// A walk batch that failed rolled back whole (a row that cannot be
+    /// deleted, or one another session holds). The index reap sets such a row
+    /// aside or skips it instead of failing, so it takes over this sweep; if
+    /// the database is gone, it fails too, as it should. Someone holding rows
+    /// is someone busy: the next batches are careful ones.
+    async fn walk_failed(
+        &mut self,
+        db: &mut Db,
+        limit: usize,
+        taken: &mut Taken,
+    ) -> Result<(), StoreError> {
+        self.sparse = true;
+        self.next = Next::Oldest;
+        taken.add(self.index_batch(db, None, limit).await?);
+        taken.reaped.busy = taken.reaped.busy.max(1);
+        Ok(())
+    }
+
+    /// The whole table was walked: this sweep's drain is done.
+    fn walk_done(&mut self) -> Result<(), StoreError> {
+        self.next = Next::Oldest;
+        self.sparse = false;
+        Ok(())
+    }
+
+    /// The walk stopped at a sparse range: too few expired rows per page for
+    /// it to pay; the index takes over at once.
+    async fn walk_sparse(
+        &mut self,
+        db: &mut Db,
+        limit: usize,
+        taken: &mut Taken,
+    ) -> Result<(), StoreError> {
+        self.next = Next::Oldest;
+        self.sparse = true;
+        taken.add(self.index_batch(db, None, limit).await?);
+        Ok(())
+    }
+}
+
+/// How a walker's batch ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walked {
+    /// Full, with more of the table after it: the next batch starts here.
+    On(i64),
+    /// The walker reached the end of the table.
+    ToTheEnd,
+    /// Short before the end: the walker met a sparse range.
+    ToASparseRange,
+}
+
+impl Walked {
+    fn from(done: &Done, limit: usize) -> Walked {
+        match done.next_page.unwrap_or(-1) {
+            page if page < 0 => Walked::ToTheEnd,
+            page if done.n >= limit => Walked::On(page),
+            _ => Walked::ToASparseRange,
+        }
     }
 }
 
@@ -284,10 +442,12 @@ async fn reap_in_tx(
         Reap::Walk {
             from_page,
             skip_locked,
+            ranges,
         } => {
-            let (batch, next) = locks::reap_expired_walk(&mut tx, limit, from_page, skip_locked)
-                .await
-                .map_err(|e| BatchFailure::Query("lock_reap_walk", e))?;
+            let (batch, next) =
+                locks::reap_expired_walk(&mut tx, limit, from_page, skip_locked, ranges)
+                    .await
+                    .map_err(|e| BatchFailure::Query("lock_reap_walk", e))?;
             (batch, Some(next))
         }
     };
@@ -371,8 +531,9 @@ impl LockStore for PgLockStore {
                 probed: true,
                 next: Next::Oldest,
                 sparse: false,
+                paired: false,
             },
-            pending: None,
+            pending: Vec::new(),
             overlapped: false,
         })
     }
@@ -393,7 +554,7 @@ impl<'s> ExpiryStage for PgSweep<'s> {
             pending,
             overlapped,
         } = self;
-        let PgLockStore { db, writer } = &mut **store;
+        let PgLockStore { db, writer, second } = &mut **store;
         if cursor.next == Next::Oldest {
             // Back at the oldest after a full batch (a walk that reached
             // the end of the table, say): ask again whether anything is left.
@@ -405,26 +566,25 @@ impl<'s> ExpiryStage for PgSweep<'s> {
                 return Ok(Reaped::default());
             }
         }
-        let taken = match pending.take() {
-            // The last batch's lines on the writer while this one is taken:
+        let last = std::mem::take(pending);
+        let taken = if last.is_empty() {
+            cursor.take(db, second, limit, workload).await
+        } else if workload == Workload::Idle {
+            // The last batches' lines on the writer while these are taken:
             // the daemon writes while the database deletes.
-            Some(last) if workload == Workload::Idle => {
-                *overlapped = true;
-                let (taken, written) = tokio::join!(
-                    cursor.take(db, limit, workload),
-                    write_handed_off(writer, last, report)
-                );
-                written?;
-                taken
-            }
-            Some(last) => {
-                write_handed_off(db, last, report).await?;
-                cursor.take(db, limit, workload).await
-            }
-            None => cursor.take(db, limit, workload).await,
+            *overlapped = true;
+            let (taken, written) = tokio::join!(
+                cursor.take(db, second, limit, workload),
+                write_all_handed_off(writer, last, report)
+            );
+            written?;
+            taken
+        } else {
+            write_all_handed_off(db, last, report).await?;
+            cursor.take(db, second, limit, workload).await
         };
         cursor.probe.unchanged = false;
-        let mut taken = match taken {
+        let taken = match taken {
             Ok(taken) => taken,
             Err(e) => {
                 // After an error the next batch starts from the oldest again.
@@ -433,17 +593,13 @@ impl<'s> ExpiryStage for PgSweep<'s> {
                 return Err(e);
             }
         };
-        // A full batch with more to come may wait for the next one to be
+        // Full batches with more to come may wait for the next ones to be
         // written; anything else is written now, in the order it was taken.
-        let last = if workload == Workload::Idle && taken.reaped.n >= limit {
-            taken.handed_off.pop()
+        if workload == Workload::Idle && taken.reaped.n >= limit {
+            *pending = taken.handed_off;
         } else {
-            None
-        };
-        for batch in taken.handed_off {
-            write_handed_off(db, batch, report).await?;
+            write_all_handed_off(db, taken.handed_off, report).await?;
         }
-        *pending = last;
         Ok(taken.reaped)
     }
 
@@ -452,13 +608,15 @@ impl<'s> ExpiryStage for PgSweep<'s> {
     }
 
     async fn finish(&mut self, report: Report<'_>) -> Result<(), StoreError> {
-        if let Some(last) = self.pending.take() {
-            write_handed_off(&mut self.store.db, last, report).await?;
-        }
+        let last = std::mem::take(&mut self.pending);
+        write_all_handed_off(&mut self.store.db, last, report).await?;
+        // A sweep that needed no writer (no second walker) closes its
+        // connection: a daemon holds them only while it drains.
         if !self.overlapped {
-            // A sweep that needed no writer closes it: a daemon holds the
-            // second connection only while it drains.
             self.store.writer.reset();
+        }
+        if !self.cursor.paired {
+            self.store.second.reset();
         }
         Ok(())
     }

@@ -137,7 +137,9 @@ async fn backlog_drained_in_one_sweep() {
     metrics.flush();
 
     assert_eq!(outcome.swept, n as u64);
-    assert_eq!(outcome.batches, 3);
+    // The sweep's first (small) batch by the index, then one batch each of
+    // two walkers in alternate ranges, then the rest of the first walker's.
+    assert_eq!(outcome.batches, 4);
     assert_eq!(log.lines().len(), n as usize);
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
@@ -179,10 +181,12 @@ async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
     .await
 }
 
-/// On an idle server a backlog's lines are written on a second connection
-/// while the next batch is taken; the daemon holds it only while it drains.
+/// On an idle server a backlog is walked by two walkers, each on its own
+/// connection, and its lines are written on a third while the next batches
+/// are taken; the daemon holds the two extra connections only while it
+/// drains.
 #[tokio::test]
-async fn writer_connection_only_while_draining() {
+async fn second_walker_and_writer_only_while_draining() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -195,15 +199,15 @@ async fn writer_connection_only_while_draining() {
     assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
     assert_eq!(
         sweeper_connections(&mut conn).await,
-        2,
-        "the writer was used"
+        3,
+        "the second walker and the writer were used"
     );
 
     sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    // Closed by the client; the server's backend goes a moment later.
+    // Closed by the client; the server's backends go a moment later.
     crate::support::wait_until(
         std::time::Duration::from_secs(10),
-        "an idle sweep to close the writer",
+        "an idle sweep to close the second walker and the writer",
         || async {
             let mut c = db.connect().await;
             sweeper_connections(&mut c).await == 1
