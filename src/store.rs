@@ -17,8 +17,9 @@ pub trait Reporter<T>: Send {
 
     /// Every line written since the last call belongs to a batch now
     /// committed (its last record is gone): what they count may be sent.
-    /// Called after each commit, so a store that commits several batches in
-    /// one call has each counted as it commits, not when the call returns.
+    /// A store calls it after each commit that follows lines, so a call
+    /// that commits several batches has each counted as it commits; the lock
+    /// sweep counts nothing else.
     fn committed(&mut self) {}
 }
 

@@ -165,7 +165,6 @@ impl<S: LockStore> LockSweeper<S> {
     ) -> Result<SweepOutcome, StoreError> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
-        let mut tally = Tally::default();
         let mut expired = self.store.begin_sweep().await?;
         self.neighbours.saw_busy(expired.busy(), Instant::now());
         let mut drain = Drain::new(BATCH_SIZE);
@@ -181,22 +180,21 @@ impl<S: LockStore> LockSweeper<S> {
             let workload = self.neighbours.workload(now);
             let reaped = {
                 let mut report =
-                    tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                    LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
                 expired.reap_expired(limit, workload, &mut report).await?
             };
             let took = now.elapsed();
             self.neighbours.saw(reaped, Instant::now());
             drain.pace(self.neighbours.pace(Instant::now()));
             drain.took_in(reaped.n, reaped.batches);
-            tally.send(&self.metrics, backend);
             drain.rest(took, cancel).await;
         }
         // The last batch's lines, if they were to go with a next one.
         {
-            let mut report = tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+            let mut report =
+                LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
             expired.finish(&mut report).await?;
         }
-        tally.send(&self.metrics, backend);
         outcome.batches += drain.batches;
         if drain.interrupted {
             outcome.interrupted = true;
@@ -208,11 +206,10 @@ impl<S: LockStore> LockSweeper<S> {
         while drain.go_on(cancel) {
             let n = {
                 let mut report =
-                    tally.reporter(&mut self.events, &self.metrics, backend, &mut outcome);
+                    LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
                 takeovers.drain_takeovers(BATCH_SIZE, &mut report).await?
             };
             drain.took(n);
-            tally.send(&self.metrics, backend);
         }
         outcome.batches += drain.batches;
         if drain.interrupted {
@@ -230,29 +227,43 @@ impl<S: LockStore> LockSweeper<S> {
     }
 }
 
-/// What a sweep has reported and not yet given the metrics: the lateness of
-/// each lease reported since, one entry a lease, so also how many to count.
-#[derive(Default)]
-struct Tally {
-    lateness: Lateness<ReapedBy>,
-}
-
-/// The store's `Reporter` for one reaping call: writes the `lease_expired`
-/// lines, counts them as written in the sweep's outcome and gathers their
-/// lateness; a batch whose lines another sweeper wrote (it recovered the
-/// hand-off first) counts there.
-struct TallyReporter<'a> {
-    tally: &'a mut Tally,
+/// The store's `Reporter` for one call of a sweep's stages: writes the
+/// `lease_expired` lines, counts them as written in the sweep's outcome (a
+/// batch whose lines another sweeper wrote, having recovered its hand-off
+/// first, counts there) and gathers their lateness, which it sends with
+/// their count as each batch commits. What it gathered for a batch that
+/// never commits is dropped with it: an uncommitted batch counts nothing.
+struct LeaseReporter<'a> {
     events: &'a mut EventLog,
     metrics: &'a Metrics,
     backend: &'static str,
     outcome: &'a mut SweepOutcome,
+    /// One entry a lease written since the last commit, so also how many
+    /// to count.
+    lateness: Lateness<ReapedBy>,
 }
 
-impl Reporter<ExpiredLease> for TallyReporter<'_> {
+impl<'a> LeaseReporter<'a> {
+    fn new(
+        events: &'a mut EventLog,
+        metrics: &'a Metrics,
+        backend: &'static str,
+        outcome: &'a mut SweepOutcome,
+    ) -> Self {
+        Self {
+            events,
+            metrics,
+            backend,
+            outcome,
+            lateness: Lateness::default(),
+        }
+    }
+}
+
+impl Reporter<ExpiredLease> for LeaseReporter<'_> {
     fn lines(&mut self, leases: &[ExpiredLease]) -> std::io::Result<()> {
         self.events.lease_expired(self.backend, leases)?;
-        self.tally.lateness.add_leases(leases);
+        self.lateness.add_leases(leases);
         for lease in leases {
             match lease.reaped_by {
                 ReapedBy::Sweep => self.outcome.swept += 1,
@@ -262,42 +273,18 @@ impl Reporter<ExpiredLease> for TallyReporter<'_> {
         Ok(())
     }
 
-    /// Sent as each batch commits: a call that commits two batches (the
-    /// lines of two walkers' batches) must not hold the first one's count
-    /// while the second is written, where a crash would lose it.
+    /// Counts the leases written since the last commit, records their
+    /// lateness and sends both at once. As each batch commits, not when the
+    /// call returns: a call that commits two batches (two walkers') must not
+    /// hold the first one's count while the second is written, and a long
+    /// drain must not hold committed counts until it ends; a crash would
+    /// lose them.
     fn committed(&mut self) {
-        self.tally.send(self.metrics, self.backend);
-    }
-}
-
-impl Tally {
-    fn reporter<'a>(
-        &'a mut self,
-        events: &'a mut EventLog,
-        metrics: &'a Metrics,
-        backend: &'static str,
-        outcome: &'a mut SweepOutcome,
-    ) -> TallyReporter<'a> {
-        TallyReporter {
-            tally: self,
-            events,
-            metrics,
-            backend,
-            outcome,
-        }
-    }
-
-    /// Counts the leases reported since the last call, records their
-    /// lateness and sends both at once: as each batch commits
-    /// (`Reporter::committed`), and after each reaping call for what a store
-    /// did not announce. A long drain must not hold committed counts until
-    /// it ends (a crash would lose them).
-    fn send(&mut self, metrics: &Metrics, backend: &'static str) {
         let n = self.lateness.count();
         if n > 0 {
-            metrics.lease_overdue(backend, &mut self.lateness);
-            metrics.lease_expired(backend, n);
-            metrics.flush();
+            self.metrics.lease_overdue(self.backend, &mut self.lateness);
+            self.metrics.lease_expired(self.backend, n);
+            self.metrics.flush();
         }
     }
 }
@@ -458,6 +445,7 @@ mod tests {
                     work: Work::LockLeases,
                     source,
                 })?;
+            report.committed();
             Ok(Reaped {
                 n,
                 batches: u32::from(n > 0),
@@ -498,6 +486,7 @@ mod tests {
                     work: Work::LockLeases,
                     source,
                 })?;
+            report.committed();
             Ok(n)
         }
 
