@@ -18,8 +18,8 @@ pub trait Reporter<T>: Send {
     /// Every line written since the last call belongs to a batch now
     /// committed (its last record is gone): what they count may be sent.
     /// A store calls it after each commit that follows lines, so a call
-    /// that commits several batches has each counted as it commits; the lock
-    /// sweep counts nothing else.
+    /// that commits several batches has each counted as it commits; neither
+    /// service counts anything else.
     fn committed(&mut self) {}
 }
 
@@ -224,22 +224,11 @@ pub enum Gates {
 /// One apply call that did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApplyBatch {
-    /// The gates allowed it and it committed.
-    Applied(Applied),
+    /// The gates allowed it and it committed, reaping this many jobs (for
+    /// the drain rule; what was reported went through `report`).
+    Applied(usize),
     /// The gates closed since they were read; nothing changed.
     Refused(String),
-}
-
-/// What a committed apply batch did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Applied {
-    /// Jobs the batch reaped, for the drain rule.
-    pub n: usize,
-    /// Of those, the resets and dead letters whose lines this call wrote
-    /// (none when another reaper recovered the hand-off first and wrote
-    /// them: they count there).
-    pub reset: u64,
-    pub dead_lettered: u64,
 }
 
 /// Which database work a failure interrupted: the words an operator reads

@@ -9,7 +9,7 @@ use sqlx::{FromRow, PgConnection, Row as _};
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, Db};
-use crate::store::{Applied, ApplyBatch, Gates, JobQueue, PassStart, Report, StoreError, Work};
+use crate::store::{ApplyBatch, Gates, JobQueue, PassStart, Report, StoreError, Work};
 
 /// The read-only dry run: `$1` = limit (1..10000).
 pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
@@ -285,11 +285,7 @@ async fn apply_in_tx(
     if report_json.refused {
         return Ok(ApplyBatch::Refused(report_json.reason.unwrap_or(text)));
     }
-    let applied = Applied {
-        n: report_json.actions.len(),
-        reset: report_json.reset_count,
-        dead_lettered: report_json.dead_letter_count,
-    };
+    let n = report_json.actions.len();
     // Not reaped, so nothing to write; a set-aside job keeps the batch
     // short, so the pass moves on and the next retries it.
     log_set_aside(&report_json.set_aside);
@@ -297,27 +293,20 @@ async fn apply_in_tx(
     // completion of them: the call handed the report off, so commit first,
     // then write the lines.
     conn::commit(tx).await?;
-    let Some(id) = handoff_id else {
-        return Ok(ApplyBatch::Applied(applied));
-    };
-    let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
-    let reported = conn::claim_then_report(
-        conn,
-        "fn_job_reap_handoff_claim",
-        claim,
-        &report_json.actions,
-        report,
-    )
-    .await?;
-    if !reported {
-        // Another reaper recovered the hand-off and wrote (and counted) it.
-        return Ok(ApplyBatch::Applied(Applied {
-            reset: 0,
-            dead_lettered: 0,
-            ..applied
-        }));
+    if let Some(id) = handoff_id {
+        let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
+        // False when another reaper recovered the hand-off first: it wrote
+        // (and counted) the lines.
+        conn::claim_then_report(
+            conn,
+            "fn_job_reap_handoff_claim",
+            claim,
+            &report_json.actions,
+            report,
+        )
+        .await?;
     }
-    Ok(ApplyBatch::Applied(applied))
+    Ok(ApplyBatch::Applied(n))
 }
 
 /// One abandoned hand-off: its report's lines written, then its deletion

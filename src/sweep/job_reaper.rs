@@ -12,7 +12,7 @@ use tracing::info;
 use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
-use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
+use crate::store::{ApplyBatch, Gates, JobQueue, Reporter, StoreError};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles. The apply holds its rows
@@ -122,19 +122,11 @@ impl<Q: JobQueue> JobReaper<Q> {
         };
         let backend = self.queue.backend_id();
         let mut drain = Drain::paced(JOB_BATCH_SIZE, JOB_BATCH_PACE);
-        let mut lateness = Lateness::default();
         while refusal.is_none() && drain.go_on(cancel) {
             let started = Instant::now();
             self.note_gate(None);
-            let events = &mut self.events;
-            let mut report = |actions: &[JobAction]| {
-                events
-                    .warn_lines(
-                        JOB_LEASE_EXPIRED,
-                        actions.iter().map(|a| line_fields(a, backend)),
-                    )
-                    .inspect(|()| lateness.add_jobs(actions))
-            };
+            let mut report =
+                ActionReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
             match self
                 .queue
                 .apply_batch(&self.actor, JOB_BATCH_SIZE, &mut report)
@@ -145,20 +137,7 @@ impl<Q: JobQueue> JobReaper<Q> {
                     refusal = Some(reason);
                     drain.stop();
                 }
-                ApplyBatch::Applied(applied) => {
-                    drain.took(applied.n);
-                    self.metrics.job_lease_overdue(backend, &mut lateness);
-                    self.metrics
-                        .job_lease_reaped(backend, ACTION_RESET, applied.reset);
-                    self.metrics.job_lease_reaped(
-                        backend,
-                        ACTION_DEAD_LETTER,
-                        applied.dead_lettered,
-                    );
-                    self.metrics.flush();
-                    outcome.reset += applied.reset;
-                    outcome.dead_lettered += applied.dead_lettered;
-                }
+                ApplyBatch::Applied(n) => drain.took(n),
             }
             drain.rest(started.elapsed(), cancel).await;
         }
@@ -178,39 +157,14 @@ impl<Q: JobQueue> JobReaper<Q> {
         Ok(outcome)
     }
 
-    /// Reports every abandoned hand-off, one transaction each, counting its
-    /// actions as they are written.
+    /// Reports every abandoned hand-off, one transaction each.
     async fn recover(&mut self, outcome: &mut ReapOutcome) -> Result<(), StoreError> {
         let backend = self.queue.backend_id();
         loop {
-            let (mut reset, mut dead) = (0, 0);
-            let mut lateness = Lateness::default();
-            let events = &mut self.events;
-            let mut report = |actions: &[JobAction]| {
-                events.warn_lines(
-                    JOB_LEASE_EXPIRED,
-                    actions.iter().map(|a| line_fields(a, backend)),
-                )?;
-                lateness.add_jobs(actions);
-                for a in actions {
-                    if a.action == ACTION_DEAD_LETTER {
-                        dead += 1;
-                    } else {
-                        reset += 1;
-                    }
-                }
-                Ok(())
-            };
+            let mut report = ActionReporter::new(&mut self.events, &self.metrics, backend, outcome);
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
-            self.metrics.job_lease_overdue(backend, &mut lateness);
-            self.metrics.job_lease_reaped(backend, ACTION_RESET, reset);
-            self.metrics
-                .job_lease_reaped(backend, ACTION_DEAD_LETTER, dead);
-            self.metrics.flush();
-            outcome.reset += reset;
-            outcome.dead_lettered += dead;
         }
     }
 
@@ -233,6 +187,76 @@ impl<Q: JobQueue> JobReaper<Q> {
             GateState::Unknown => {}
         }
         self.gate = state;
+    }
+}
+
+/// Where a batch's actions go, applied or recovered alike: it writes their
+/// `job_lease_expired` lines and gathers their lateness and counts, which it
+/// sends, and adds to the pass's outcome, as the batch commits. What it
+/// gathered for a batch that never commits is dropped with it.
+struct ActionReporter<'a> {
+    events: &'a mut EventLog,
+    metrics: &'a Metrics,
+    backend: &'static str,
+    outcome: &'a mut ReapOutcome,
+    lateness: Lateness<&'static str>,
+    reset: u64,
+    dead_lettered: u64,
+}
+
+impl<'a> ActionReporter<'a> {
+    fn new(
+        events: &'a mut EventLog,
+        metrics: &'a Metrics,
+        backend: &'static str,
+        outcome: &'a mut ReapOutcome,
+    ) -> Self {
+        Self {
+            events,
+            metrics,
+            backend,
+            outcome,
+            lateness: Lateness::default(),
+            reset: 0,
+            dead_lettered: 0,
+        }
+    }
+}
+
+impl Reporter<JobAction> for ActionReporter<'_> {
+    fn lines(&mut self, actions: &[JobAction]) -> std::io::Result<()> {
+        self.events.warn_lines(
+            JOB_LEASE_EXPIRED,
+            actions.iter().map(|a| line_fields(a, self.backend)),
+        )?;
+        self.lateness.add_jobs(actions);
+        for a in actions {
+            if a.action == ACTION_DEAD_LETTER {
+                self.dead_lettered += 1;
+            } else {
+                self.reset += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn committed(&mut self) {
+        let (reset, dead) = (
+            std::mem::take(&mut self.reset),
+            std::mem::take(&mut self.dead_lettered),
+        );
+        if reset + dead == 0 {
+            return;
+        }
+        self.metrics
+            .job_lease_overdue(self.backend, &mut self.lateness);
+        self.metrics
+            .job_lease_reaped(self.backend, ACTION_RESET, reset);
+        self.metrics
+            .job_lease_reaped(self.backend, ACTION_DEAD_LETTER, dead);
+        self.metrics.flush();
+        self.outcome.reset += reset;
+        self.outcome.dead_lettered += dead;
     }
 }
 
@@ -290,7 +314,7 @@ mod tests {
     use super::*;
     use crate::config::StatsdTarget;
     use crate::model::DeadLetter;
-    use crate::store::{Applied, PassStart, Report, Work};
+    use crate::store::{PassStart, Report, Work};
     use crate::sweep::test_log;
 
     /// What the stub's next `apply_batch` call does.
@@ -379,7 +403,9 @@ mod tests {
         report.lines(batch).map_err(|source| StoreError::Report {
             work: Work::JobQueue,
             source,
-        })
+        })?;
+        report.committed();
+        Ok(())
     }
 
     impl JobQueue for Stub {
@@ -433,11 +459,7 @@ mod tests {
                 }
             };
             written(report, &actions(reset, dead))?;
-            Ok(ApplyBatch::Applied(Applied {
-                n: reset + dead,
-                reset: reset as u64,
-                dead_lettered: dead as u64,
-            }))
+            Ok(ApplyBatch::Applied(reset + dead))
         }
 
         async fn stale_count(&mut self) -> Result<u64, StoreError> {
