@@ -326,12 +326,12 @@ DESCRIPTION:
   FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 18 applied (latest 20261205000100)
+  ok    migrations: all 19 applied (latest 20261205000200)
   FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
-  check FAILED: 1 of 63 checks failed (see the FAIL lines above); the migrated role
+  check FAILED: 1 of 65 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
-  A database that passes ends with: check passed: all 63 checks ok
+  A database that passes ends with: check passed: all 65 checks ok
   A database never migrated gets one line for its migrations, objects and grants:
   FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 

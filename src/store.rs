@@ -224,9 +224,16 @@ pub enum Gates {
 /// One apply call that did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApplyBatch {
-    /// The gates allowed it and it committed, reaping this many jobs (for
-    /// the drain rule; what was reported went through `report`).
-    Applied(usize),
+    /// The gates allowed it and it committed.
+    Applied {
+        /// Jobs reaped, for the drain rule (what was reported went through
+        /// `report`).
+        n: usize,
+        /// Other sessions at work as the batch ended (the workers; 0 when
+        /// the backend cannot tell): the reaper paces a backlog while there
+        /// are any.
+        busy: u32,
+    },
     /// The gates closed since they were read; nothing changed.
     Refused(String),
 }

@@ -38,7 +38,7 @@ pub mod conn {
 
 pub mod job_queue {
     pub use crate::pg::job_queue::{GATES_THEN_STALE, PgJobQueue, STALE_COUNT};
-    pub use crate::store::{Gates, JobQueue};
+    pub use crate::store::{ApplyBatch, Gates, JobQueue};
 }
 
 pub mod lock_entry {
@@ -61,7 +61,7 @@ pub mod progress {
 }
 
 pub mod model {
-    pub use crate::model::ExpiredLease;
+    pub use crate::model::{ExpiredLease, JobAction};
 }
 
 pub mod store {

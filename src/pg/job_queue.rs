@@ -21,10 +21,12 @@ pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 /// The daemon's apply: `APPLY`, with its report recorded in one hand-off row
 /// in the same call when it reaped something, so the transaction can commit
 /// before the lines are written (`fn_job_reap_stale_leases_apply_handed_off`
-/// in `migrations/`). Returns the hand-off's id (NULL otherwise) and the
-/// report.
-pub const APPLY_HANDED_OFF: &str =
-    "SELECT handoff_id, report FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
+/// in `migrations/`). Returns the hand-off's id (NULL otherwise), the
+/// report, and how many other sessions were at work as it ended
+/// (`lock_reap_busy`, one look): the workers, whom the reaper paces its
+/// drain for.
+pub const APPLY_HANDED_OFF: &str = "SELECT handoff_id, report, lock_reap_busy() AS busy \
+     FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
 
 /// Every queue setting with who changed it last, plus what the gates say now.
 ///
@@ -272,9 +274,9 @@ async fn apply_in_tx(
     limit: usize,
     report: Report<'_, JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
-    const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
+    const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off, lock_reap_busy";
     let mut tx = conn::begin(conn).await?;
-    let (handoff_id, text): (Option<i64>, String) = sqlx::query_as(APPLY_HANDED_OFF)
+    let (handoff_id, text, busy): (Option<i64>, String, i32) = sqlx::query_as(APPLY_HANDED_OFF)
         .persistent(false)
         .bind(actor)
         .bind(conn::limit_param(limit))
@@ -306,7 +308,10 @@ async fn apply_in_tx(
         )
         .await?;
     }
-    Ok(ApplyBatch::Applied(n))
+    Ok(ApplyBatch::Applied {
+        n,
+        busy: u32::try_from(busy).unwrap_or(0),
+    })
 }
 
 /// One abandoned hand-off: its report's lines written, then its deletion

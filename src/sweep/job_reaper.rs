@@ -5,6 +5,8 @@
 //! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
 //! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -25,15 +27,20 @@ use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 /// batch, so a backlog still drains in one pass.
 pub const JOB_BATCH_SIZE: usize = 1_000;
 
-/// After each full batch the reaper waits as long as the batch took, so a
-/// backlog drain takes at most half of a database core. Reaping is about
-/// 65 µs of server CPU a job, all of it on the server the workers claim
-/// and complete on: back to back, 100,000 stale jobs kept a backend busy for
-/// 6.6-7.4 s, and the workers' 99th percentile went up 1.7-58 times on a
-/// 2-core machine (docs/performance.md). A stale job is already late by its
-/// lease; a backlog that drains in twice the time costs less than workers
-/// queueing behind it.
-pub const JOB_BATCH_PACE: u32 = 1;
+/// While workers are at work, after each full batch the reaper waits three
+/// times as long as the batch took, so a backlog drain takes at most a
+/// quarter of a database core. Reaping is about 50 µs of server CPU a job,
+/// all of it on the server the workers claim and complete on: their p99
+/// rose less with pauses three times as long than with pauses as long
+/// (docs/performance.md, the harm step). Alone on the server the reaper does
+/// not pause: nobody waits, and the backlog drains at the function's speed.
+pub const JOB_BATCH_PACE: u32 = 3;
+
+/// How long the drain stays paced after a batch last saw workers at work. A
+/// batch looks once, and one look misses a light workload more often than
+/// not (its sessions are mostly between statements), so the hold, not the
+/// next sighting, keeps the drain paced while they work.
+pub const WORKERS_HOLD: Duration = Duration::from_secs(5);
 
 /// The event name of the per-action WARN line.
 pub const JOB_LEASE_EXPIRED: &str = "job_lease_expired";
@@ -80,6 +87,8 @@ pub struct JobReaper<Q: JobQueue> {
     metrics: Metrics,
     actor: String,
     gate: GateState,
+    /// Workers were seen at work; the drain is paced until then.
+    workers_until: Option<Instant>,
 }
 
 impl<Q: JobQueue> JobReaper<Q> {
@@ -96,6 +105,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             metrics,
             actor,
             gate: GateState::Unknown,
+            workers_until: None,
         }
     }
 
@@ -121,7 +131,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             Gates::Refuse { reason, stale } => (Some(reason), Some(stale)),
         };
         let backend = self.queue.backend_id();
-        let mut drain = Drain::paced(JOB_BATCH_SIZE, JOB_BATCH_PACE);
+        let mut drain = Drain::paced(JOB_BATCH_SIZE, self.pace(Instant::now()));
         while refusal.is_none() && drain.go_on(cancel) {
             let started = Instant::now();
             self.note_gate(None);
@@ -137,7 +147,14 @@ impl<Q: JobQueue> JobReaper<Q> {
                     refusal = Some(reason);
                     drain.stop();
                 }
-                ApplyBatch::Applied(n) => drain.took(n),
+                ApplyBatch::Applied { n, busy } => {
+                    drain.took(n);
+                    let now = Instant::now();
+                    if busy > 0 {
+                        self.workers_until = Some(now + WORKERS_HOLD);
+                    }
+                    drain.pace(self.pace(now));
+                }
             }
             drain.rest(started.elapsed(), cancel).await;
         }
@@ -165,6 +182,16 @@ impl<Q: JobQueue> JobReaper<Q> {
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
+        }
+    }
+
+    /// The pause after a full batch, as a multiple of its time: paced while
+    /// workers were seen at work in the last `WORKERS_HOLD`.
+    fn pace(&self, now: Instant) -> u32 {
+        if self.workers_until.is_some_and(|until| now < until) {
+            JOB_BATCH_PACE
+        } else {
+            0
         }
     }
 
@@ -341,6 +368,8 @@ mod tests {
         calls: Arc<Mutex<Vec<&'static str>>>,
         /// How many `gates` calls fail before they answer (a database down).
         down_for: Arc<Mutex<u32>>,
+        /// Other sessions at work, as every apply reports them.
+        busy: Arc<Mutex<u32>>,
     }
 
     /// The stale-lease count the stub's `stale_count` answers.
@@ -459,7 +488,10 @@ mod tests {
                 }
             };
             written(report, &actions(reset, dead))?;
-            Ok(ApplyBatch::Applied(reset + dead))
+            Ok(ApplyBatch::Applied {
+                n: reset + dead,
+                busy: *self.busy.lock().unwrap(),
+            })
         }
 
         async fn stale_count(&mut self) -> Result<u64, StoreError> {
@@ -678,21 +710,52 @@ mod tests {
         assert_eq!(log.events("job_reap_recovered")[0]["failedReaps"], "2");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_backlog_waits_as_long_as_each_full_batch_took_before_the_next() {
-        let stub = Stub::default();
-        let took = Duration::from_millis(40);
+    /// Three batches of `took` each, the last short.
+    fn backlog(stub: &Stub, took: Duration) {
         stub.applies([
             Apply::ReapTaking(JOB_BATCH_SIZE, took),
             Apply::ReapTaking(JOB_BATCH_SIZE, took),
             Apply::ReapTaking(7, took),
         ]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn beside_workers_a_backlog_pauses_after_each_full_batch() {
+        let stub = Stub::default();
+        *stub.busy.lock().unwrap() = 3;
+        let took = Duration::from_millis(40);
+        backlog(&stub, took);
         let (mut reaper, _lines) = reaper(&stub);
         let started = Instant::now();
         let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
         assert_eq!(outcome.reset, 2 * JOB_BATCH_SIZE as u64 + 7);
-        // Three batches, and after each full one a pause as long as it took;
-        // none after the short one.
-        assert_eq!(started.elapsed(), 5 * took);
+        // The first batch saw the workers: after each full one a pause
+        // JOB_BATCH_PACE times as long as it took; none after the short one.
+        assert_eq!(started.elapsed(), 3 * took + 2 * JOB_BATCH_PACE * took);
+
+        // Within the hold the next pass is paced from its first batch, even
+        // if no batch sees them again; after it, not.
+        *stub.busy.lock().unwrap() = 0;
+        backlog(&stub, took);
+        let started = Instant::now();
+        reaper.reap_once(&CancellationToken::new()).await.unwrap();
+        assert_eq!(started.elapsed(), 3 * took + 2 * JOB_BATCH_PACE * took);
+        tokio::time::advance(WORKERS_HOLD).await;
+        backlog(&stub, took);
+        let started = Instant::now();
+        reaper.reap_once(&CancellationToken::new()).await.unwrap();
+        assert_eq!(started.elapsed(), 3 * took);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn alone_a_backlog_drains_without_pausing() {
+        let stub = Stub::default();
+        let took = Duration::from_millis(40);
+        backlog(&stub, took);
+        let (mut reaper, _lines) = reaper(&stub);
+        let started = Instant::now();
+        let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
+        assert_eq!(outcome.reset, 2 * JOB_BATCH_SIZE as u64 + 7);
+        assert_eq!(started.elapsed(), 3 * took);
     }
 }

@@ -65,6 +65,7 @@ pub const EXPECTED: &[Object] = &[
     Object::Function("lock_handoff_recover"),
     // The backlog walk without row locks (migrations/20261204000200_…).
     Object::Function("lock_reap_walk"),
+    Object::Function("lock_reap_busy"),
     // Job leases (migrations/20261129000200_job_queue.sql).
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
@@ -141,6 +142,11 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Function("lock_reap_walk"),
         privileges: &["EXECUTE"],
         why: "the sweep drains a backlog the same way, walking the heap",
+    },
+    Grant {
+        on: Object::Function("lock_reap_busy"),
+        privileges: &["EXECUTE"],
+        why: "the job reaper paces a backlog while other sessions (the workers) are at work",
     },
     Grant {
         on: Object::Function("lock_handoff_claim"),

@@ -6,9 +6,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use lease_sweeper::testing::events::{EventLog, MemoryLog};
-use lease_sweeper::testing::job_queue::PgJobQueue;
+use lease_sweeper::testing::job_queue::{ApplyBatch, JobQueue, PgJobQueue};
 use lease_sweeper::testing::job_reaper::{JOB_BATCH_SIZE, JobReaper};
 use lease_sweeper::testing::metrics::Metrics;
+use lease_sweeper::testing::model::JobAction;
 
 use crate::jobs::support::job_snapshot;
 use crate::support::{
@@ -264,4 +265,56 @@ async fn open_gates_line_and_count_per_action() {
         .unwrap();
     assert!(actor.starts_with("lease-sweeper@"), "{actor}");
     assert_eq!(code, Some(0));
+}
+
+/// Each apply batch says how many other sessions were at work as it ended
+/// (the workers, whom a backlog is paced for): one running a statement is
+/// seen, and the reaper's own lock sweep (same application_name) is not.
+#[tokio::test]
+async fn apply_batch_sees_workers_at_work() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_stale_jobs(&mut conn, "reset", 20, 1, 5, 4_000).await;
+    open_gates(&mut conn).await;
+    let mut queue = PgJobQueue::new(db.target());
+    let mut none = |_: &[JobAction]| Ok(());
+    let alone = queue
+        .apply_batch("lease-sweeper@test-host", 10, &mut none)
+        .await
+        .unwrap();
+    assert_eq!(alone, ApplyBatch::Applied { n: 10, busy: 0 });
+
+    let mut worker = db.connect().await;
+    let worker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut worker)
+        .await
+        .unwrap();
+    let working = tokio::spawn(async move {
+        let _ = sqlx::query("SELECT pg_sleep(60)")
+            .execute(&mut worker)
+            .await;
+    });
+    wait_until(Duration::from_secs(10), "the worker's statement to run", || async {
+        let mut c = db.connect().await;
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    let beside = queue
+        .apply_batch("lease-sweeper@test-host", 10, &mut none)
+        .await
+        .unwrap();
+    assert_eq!(beside, ApplyBatch::Applied { n: 10, busy: 1 });
+
+    sqlx::query("SELECT pg_cancel_backend($1)")
+        .bind(worker_pid)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    working.await.unwrap();
 }
