@@ -13,7 +13,7 @@ use lease_sweeper::testing::model::JobAction;
 
 use crate::jobs::support::job_snapshot;
 use crate::support::{
-    Daemon, REAPER, SUBSTRATE, StatsdCapture, TestDb, daemon_env, events, fields,
+    BusyNeighbour, Daemon, REAPER, SUBSTRATE, StatsdCapture, TestDb, daemon_env, events, fields,
     insert_stale_jobs, open_gates, set_gates, set_setting, wait_job_passes, wait_until,
 };
 
@@ -284,37 +284,12 @@ async fn apply_batch_sees_workers_at_work() {
         .unwrap();
     assert_eq!(alone, ApplyBatch::Applied { n: 10, busy: 0 });
 
-    let mut worker = db.connect().await;
-    let worker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut worker)
-        .await
-        .unwrap();
-    let working = tokio::spawn(async move {
-        let _ = sqlx::query("SELECT pg_sleep(60)")
-            .execute(&mut worker)
-            .await;
-    });
-    wait_until(Duration::from_secs(10), "the worker's statement to run", || async {
-        let mut c = db.connect().await;
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
-        )
-        .fetch_one(&mut c)
-        .await
-        .unwrap()
-            == 1
-    })
-    .await;
+    let worker = BusyNeighbour::start(&db).await;
     let beside = queue
         .apply_batch("lease-sweeper@test-host", 10, &mut none)
         .await
         .unwrap();
     assert_eq!(beside, ApplyBatch::Applied { n: 10, busy: 1 });
 
-    sqlx::query("SELECT pg_cancel_backend($1)")
-        .bind(worker_pid)
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    working.await.unwrap();
+    worker.stop(&mut conn).await;
 }

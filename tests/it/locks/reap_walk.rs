@@ -550,7 +550,8 @@ async fn walk_counts_busy_neighbours() {
             count(
                 &mut c,
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
+                  WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'
+                    AND datname = current_database()",
             )
             .await
                 == 2

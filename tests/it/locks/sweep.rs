@@ -10,7 +10,9 @@ use lease_sweeper::testing::progress::Progress;
 use lease_sweeper::testing::sweep::run;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{StatsdCapture, TestDb, count, events, exec, fields, insert_expired};
+use crate::support::{
+    BusyNeighbour, StatsdCapture, TestDb, count, events, exec, fields, insert_expired,
+};
 
 async fn sweeper(
     db: &TestDb,
@@ -225,41 +227,13 @@ async fn busy_neighbour_paced_drain_each_once() {
     let mut conn = db.connect().await;
     let n = BATCH_SIZE as i64 * 3 + 11;
     insert_expired(&mut conn, "paced-", n, 1_000).await;
-    let mut neighbour = db.connect().await;
-    let neighbour_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut neighbour)
-        .await
-        .unwrap();
-    let busy = tokio::spawn(async move {
-        let _ = sqlx::query("SELECT pg_sleep(60)")
-            .execute(&mut neighbour)
-            .await;
-    });
-    crate::support::wait_until(
-        std::time::Duration::from_secs(10),
-        "the neighbour's statement to run",
-        || async {
-            let mut c = db.connect().await;
-            count(
-                &mut c,
-                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'",
-            )
-            .await
-                == 1
-        },
-    )
-    .await;
+    let neighbour = BusyNeighbour::start(&db).await;
     let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
     assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
-    sqlx::query("SELECT pg_cancel_backend($1)")
-        .bind(neighbour_pid)
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    busy.await.unwrap();
+    neighbour.stop(&mut conn).await;
 }
 
 #[tokio::test]

@@ -391,3 +391,53 @@ pub async fn assert_fails_with(conn: &mut PgConnection, sql: &'static str, code:
         "{sql}: {err}"
     );
 }
+
+/// Another session of a test database running one long statement: the
+/// workload a sweeper looks for beside it (it holds a snapshot while the
+/// statement runs). `stop` cancels the statement.
+pub struct BusyNeighbour {
+    pid: i32,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BusyNeighbour {
+    /// Returns once the statement is seen running.
+    pub async fn start(db: &TestDb) -> Self {
+        let mut neighbour = db.connect().await;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut neighbour)
+            .await
+            .unwrap();
+        let task = tokio::spawn(async move {
+            let _ = sqlx::query("SELECT pg_sleep(60)")
+                .execute(&mut neighbour)
+                .await;
+        });
+        crate::support::wait_until(
+            std::time::Duration::from_secs(10),
+            "the neighbour's statement to run",
+            || async {
+                let mut c = db.connect().await;
+                count(
+                    &mut c,
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'
+                        AND datname = current_database()",
+                )
+                .await
+                    == 1
+            },
+        )
+        .await;
+        Self { pid, task }
+    }
+
+    pub async fn stop(self, conn: &mut PgConnection) {
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(self.pid)
+            .execute(conn)
+            .await
+            .unwrap();
+        self.task.await.unwrap();
+    }
+}
