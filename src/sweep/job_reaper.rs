@@ -15,7 +15,7 @@ use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ApplyBatch, Gates, JobQueue, Reporter, StoreError};
-use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, Hold, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles. The apply holds its rows
 /// for its statement, about 50 µs of server CPU a job (docs/performance.md),
@@ -36,10 +36,8 @@ pub const JOB_BATCH_SIZE: usize = 1_000;
 /// not pause: nobody waits, and the backlog drains at the function's speed.
 pub const JOB_BATCH_PACE: u32 = 3;
 
-/// How long the drain stays paced after a batch last saw workers at work. A
-/// batch looks once, and one look misses a light workload more often than
-/// not (its sessions are mostly between statements), so the hold, not the
-/// next sighting, keeps the drain paced while they work.
+/// How long the drain stays paced after a batch last saw workers at work
+/// (each batch looks once: `Hold`).
 pub const WORKERS_HOLD: Duration = Duration::from_secs(5);
 
 /// The event name of the per-action WARN line.
@@ -87,8 +85,8 @@ pub struct JobReaper<Q: JobQueue> {
     metrics: Metrics,
     actor: String,
     gate: GateState,
-    /// Workers were seen at work; the drain is paced until then.
-    workers_until: Option<Instant>,
+    /// Workers were seen at work; the drain is paced while it holds.
+    workers: Hold,
 }
 
 impl<Q: JobQueue> JobReaper<Q> {
@@ -105,7 +103,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             metrics,
             actor,
             gate: GateState::Unknown,
-            workers_until: None,
+            workers: Hold::default(),
         }
     }
 
@@ -131,7 +129,7 @@ impl<Q: JobQueue> JobReaper<Q> {
             Gates::Refuse { reason, stale } => (Some(reason), Some(stale)),
         };
         let backend = self.queue.backend_id();
-        let mut drain = Drain::paced(JOB_BATCH_SIZE, self.pace(Instant::now()));
+        let mut drain = Drain::new(JOB_BATCH_SIZE);
         while refusal.is_none() && drain.go_on(cancel) {
             let started = Instant::now();
             self.note_gate(None);
@@ -150,9 +148,7 @@ impl<Q: JobQueue> JobReaper<Q> {
                 ApplyBatch::Applied { n, busy } => {
                     drain.took(n);
                     let now = Instant::now();
-                    if busy > 0 {
-                        self.workers_until = Some(now + WORKERS_HOLD);
-                    }
+                    self.workers.saw(busy > 0, now, WORKERS_HOLD);
                     drain.pace(self.pace(now));
                 }
             }
@@ -188,7 +184,7 @@ impl<Q: JobQueue> JobReaper<Q> {
     /// The pause after a full batch, as a multiple of its time: paced while
     /// workers were seen at work in the last `WORKERS_HOLD`.
     fn pace(&self, now: Instant) -> u32 {
-        if self.workers_until.is_some_and(|until| now < until) {
+        if self.workers.holds(now) {
             JOB_BATCH_PACE
         } else {
             0

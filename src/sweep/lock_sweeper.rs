@@ -16,7 +16,7 @@ use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ExpiryStage, LockStore, Reaped, Reporter, StoreError, TakeoverStage, Workload};
-use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, Hold, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one transaction deletes while no lock-server call waits on
 /// the sweep. Bounds the row locks a sweeper holds, the lines buffered
@@ -58,17 +58,16 @@ pub const BUSY_PACE: u32 = 3;
 /// for the next batch.
 #[derive(Debug, Default)]
 struct Neighbours {
-    /// Lock-server calls waited on a batch; small batches until then.
-    contended_until: Option<Instant>,
-    /// Other sessions were busy; a paced drain until then.
-    busy_until: Option<Instant>,
+    /// Lock-server calls waited on a batch; small batches while it holds.
+    contended: Hold,
+    /// Other sessions were busy; a paced drain while it holds.
+    busy: Hold,
 }
 
 impl Neighbours {
     /// Small while lock-server calls wait on the sweep or others are busy.
     fn limit(&self, now: Instant) -> usize {
-        let contended = self.contended_until.is_some_and(|until| now < until);
-        if contended || self.workload(now) == Workload::Busy {
+        if self.contended.holds(now) || self.workload(now) == Workload::Busy {
             SMALL_BATCH_SIZE
         } else {
             BATCH_SIZE
@@ -86,25 +85,22 @@ impl Neighbours {
     /// Busy while the hold lasts: the store then skips rows others hold and
     /// writes each batch's lines before the next.
     fn workload(&self, now: Instant) -> Workload {
-        match self.busy_until {
-            Some(until) if now < until => Workload::Busy,
-            _ => Workload::Idle,
+        if self.busy.holds(now) {
+            Workload::Busy
+        } else {
+            Workload::Idle
         }
     }
 
     fn saw(&mut self, reaped: Reaped, now: Instant) {
-        if reaped.waiters > 0 {
-            self.contended_until = Some(now + CONTENTION_HOLD);
-        }
+        self.contended.saw(reaped.waiters > 0, now, CONTENTION_HOLD);
         self.saw_busy(reaped.busy, now);
     }
 
     /// `busy` other sessions were at work (a batch's, or the sweep's first
     /// question's, count).
     fn saw_busy(&mut self, busy: u32, now: Instant) {
-        if busy > 0 {
-            self.busy_until = Some(now + CONTENTION_HOLD);
-        }
+        self.busy.saw(busy > 0, now, CONTENTION_HOLD);
     }
 }
 

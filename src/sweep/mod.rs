@@ -152,18 +152,9 @@ impl Drain {
         }
     }
 
-    /// A drain that pauses after each full batch for `pace` times as long
-    /// as the batch took, so a backlog takes at most 1 / (1 + `pace`) of a
-    /// database core and the workload beside it keeps the rest.
-    pub fn paced(limit: usize, pace: u32) -> Self {
-        Self {
-            pace,
-            ..Self::new(limit)
-        }
-    }
-
     /// The pause after the next full batches, as a multiple of the time each
-    /// took (0: none).
+    /// took (0: none), so a backlog takes at most 1 / (1 + `pace`) of a
+    /// database core and the workload beside it keeps the rest.
     pub fn pace(&mut self, pace: u32) {
         self.pace = pace;
     }
@@ -221,6 +212,30 @@ impl Drain {
     /// The batches stop here whatever came back (a refusal).
     pub fn stop(&mut self) {
         self.more = false;
+    }
+}
+
+/// Something a batch saw beside the service (others at work, a caller
+/// waiting on it), kept for a while after it was last seen: a look at the
+/// neighbours is one instant and misses a light workload more often than
+/// not, so the hold, not the next sighting, keeps a drain careful while they
+/// work.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Hold {
+    until: Option<tokio::time::Instant>,
+}
+
+impl Hold {
+    /// Seen at `now` (when `seen`): held for `hold` from now.
+    pub fn saw(&mut self, seen: bool, now: tokio::time::Instant, hold: Duration) {
+        if seen {
+            self.until = Some(now + hold);
+        }
+    }
+
+    /// Still within the hold at `now`.
+    pub fn holds(&self, now: tokio::time::Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
     }
 }
 
@@ -357,7 +372,8 @@ mod tests {
     #[test]
     fn a_paced_drain_pauses_as_long_as_a_full_batch_took_and_not_after_the_last() {
         let took = Duration::from_millis(40);
-        let mut drain = Drain::paced(1_000, 1);
+        let mut drain = Drain::new(1_000);
+        drain.pace(1);
         drain.took(1_000);
         assert_eq!(drain.pause_after(took), took);
         drain.took(999);
