@@ -22,10 +22,12 @@ pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 /// in the same call when it reaped something, so the transaction can commit
 /// before the lines are written (`fn_job_reap_stale_leases_apply_handed_off`
 /// in `migrations/`). Returns the hand-off's id (NULL otherwise), the
-/// report, and how many other sessions were at work as it ended
-/// (`lock_reap_busy`, one look): the workers, whom the reaper paces its
-/// drain for.
-pub const APPLY_HANDED_OFF: &str = "SELECT handoff_id, report, lock_reap_busy() AS busy \
+/// report, and, when it reaped something, how many other sessions were at
+/// work as it ended (`lock_reap_busy`, one look): the workers, whom the
+/// reaper paces its drain for. A pass with nothing to reap does not look,
+/// so an idle reaper with open gates reads no activity table every second.
+pub const APPLY_HANDED_OFF: &str = "SELECT handoff_id, report, \
+     CASE WHEN handoff_id IS NOT NULL THEN lock_reap_busy() ELSE 0 END AS busy \
      FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
 
 /// Every queue setting with who changed it last, plus what the gates say now.

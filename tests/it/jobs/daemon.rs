@@ -290,6 +290,15 @@ async fn apply_batch_sees_workers_at_work() {
         .await
         .unwrap();
     assert_eq!(beside, ApplyBatch::Applied { n: 10, busy: 1 });
+    let nothing_left = queue
+        .apply_batch("lease-sweeper@test-host", 10, &mut none)
+        .await
+        .unwrap();
+    assert_eq!(
+        nothing_left,
+        ApplyBatch::Applied { n: 0, busy: 0 },
+        "a batch that reaped nothing does not look"
+    );
 
     worker.stop(&mut conn).await;
 }
