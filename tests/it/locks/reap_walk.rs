@@ -16,7 +16,7 @@ use lease_sweeper::testing::metrics::Metrics;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{
-    StatsdCapture, TestDb, assert_fails_with, count, events, exec, insert_expired,
+    BusyNeighbour, StatsdCapture, TestDb, assert_fails_with, count, events, exec, insert_expired,
 };
 
 #[tokio::test]
@@ -529,47 +529,15 @@ async fn walk_counts_busy_neighbours() {
 
     let mut sleepers = Vec::new();
     for name in ["lease-sweeper", "the-lock-server"] {
-        let mut c = db.connect().await;
-        exec(&mut c, &format!("SET application_name = '{name}'")).await;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut c)
-            .await
-            .unwrap();
-        sleepers.push((
-            pid,
-            tokio::spawn(async move {
-                let _ = sqlx::query("SELECT pg_sleep(60)").execute(&mut c).await;
-            }),
-        ));
+        sleepers.push(BusyNeighbour::named(&db, Some(name)).await);
     }
-    crate::support::wait_until(
-        std::time::Duration::from_secs(10),
-        "both sleepers' statements to run",
-        || async {
-            let mut c = db.connect().await;
-            count(
-                &mut c,
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'
-                    AND datname = current_database()",
-            )
-            .await
-                == 2
-        },
-    )
-    .await;
     assert_eq!(
         walk_busy(&mut conn).await,
         1,
         "the lock server's statement counts; another sweeper's does not"
     );
 
-    for (pid, task) in sleepers {
-        sqlx::query("SELECT pg_cancel_backend($1)")
-            .bind(pid)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        task.await.unwrap();
+    for sleeper in sleepers {
+        sleeper.stop(&mut conn).await;
     }
 }

@@ -403,7 +403,20 @@ pub struct BusyNeighbour {
 impl BusyNeighbour {
     /// Returns once the statement is seen running.
     pub async fn start(db: &TestDb) -> Self {
+        Self::named(db, None).await
+    }
+
+    /// The same, its session's application_name set first (a sweeper's own
+    /// name, say, which the sweeper does not count).
+    pub async fn named(db: &TestDb, application_name: Option<&str>) -> Self {
         let mut neighbour = db.connect().await;
+        if let Some(name) = application_name {
+            sqlx::query("SELECT set_config('application_name', $1, false)")
+                .bind(name)
+                .execute(&mut neighbour)
+                .await
+                .unwrap();
+        }
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut neighbour)
             .await
@@ -418,14 +431,14 @@ impl BusyNeighbour {
             "the neighbour's statement to run",
             || async {
                 let mut c = db.connect().await;
-                count(
-                    &mut c,
-                    "SELECT count(*) FROM pg_stat_activity
-                      WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'
-                        AND datname = current_database()",
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                     WHERE pid = $1 AND state = 'active')",
                 )
+                .bind(pid)
+                .fetch_one(&mut c)
                 .await
-                    == 1
+                .unwrap()
             },
         )
         .await;
