@@ -1,8 +1,9 @@
 -- The job reaper pauses after a batch only while workers are at work, as the
 -- lock sweep does beside lock-server callers: it asks lock_reap_busy (one
--- look, in each apply transaction) how many other sessions of the database
--- hold a snapshot or a transaction id, and paces its drain for a while after
--- it last saw one. Alone on the server it drains unpaced.
+-- look, in each apply transaction that reaps something) how many other
+-- sessions of the database hold a snapshot or a transaction id, and paces
+-- its drain for a while after it last saw one. Alone on the server it drains
+-- unpaced.
 --
 -- Always pausing as long as each batch took made a backlog of 100,000 stale
 -- jobs take 6.84 s against 4.62 s for the same function from psql at the
