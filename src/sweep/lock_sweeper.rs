@@ -49,7 +49,7 @@ pub const CONTENTION_HOLD: Duration = Duration::from_secs(5);
 /// batch is taken, and the workload keeps the rest of the server. On an idle
 /// server the drain runs unpaced, its lines written while the next batch is
 /// taken. Three rather than one: beside a lock server on 2 cores its
-/// callers' p99 rose less in 9 of 12 runs, and a 200,000-lease storm still
+/// callers' median p99 over 16 runs rose less, and a 200,000-lease storm still
 /// drains in under 10 s (docs/performance.md, the harm step).
 pub const BUSY_PACE: u32 = 3;
 
