@@ -39,17 +39,23 @@
 #               all): what any process that takes a core costs the callers
 #               on this machine, the floor under every other row; run once,
 #               for the first build
+#   paced floor the same, but the loop paced as a drain beside a workload
+#               is (paced_loop.py): busy $HARM_PACED_ON_MS ms (default 2,
+#               about one careful batch), then idle three times as long, for
+#               $HARM_PACED_SECS s (a storm's paced drain window): what that
+#               share of one core costs, whoever spends it
 #
-# HARM_ROWS (default "storm other jobs floor") picks rows, e.g. HARM_ROWS=storm.
+# HARM_ROWS (default "storm other jobs floor") picks rows, e.g. HARM_ROWS=storm;
+# "paced" is run only when named.
 #
 # Goals: p99 with ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without.
 
 HARM_AT=5 HARM_CLIENTS=8 HARM_THREADS=2 HARM_LOCK_RATE=1500 HARM_JOB_RATE=800 HARM_OTHER=20000
-HARM_FLOOR_SECS=3
+HARM_FLOOR_SECS=3 HARM_PACED_ON_MS=${HARM_PACED_ON_MS:-2}
 if ((QUICK)); then
-    HARM_T=10 HARM_STORM=20000 HARM_LIVE=2000 HARM_JOBS=10000
+    HARM_T=10 HARM_STORM=20000 HARM_LIVE=2000 HARM_JOBS=10000 HARM_PACED_SECS=3
 else
-    HARM_T=20 HARM_STORM=200000 HARM_LIVE=20000 HARM_JOBS=100000
+    HARM_T=20 HARM_STORM=200000 HARM_LIVE=20000 HARM_JOBS=100000 HARM_PACED_SECS=6
 fi
 # Twice what the workers can claim in a run, so the queue never runs dry.
 HARM_WORK=$((2 * HARM_JOB_RATE * HARM_T))
@@ -122,7 +128,7 @@ harm_side() {
     case $row in
     storm) script=harm_lock.pgbench rate=$HARM_LOCK_RATE defs=(-D lo=1 -D hi="$HARM_STORM")
         metric=lock.lease.expired target=$HARM_STORM ;;
-    other | floor) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
+    other | floor | paced) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
         defs=(-D lo=$((HARM_STORM + HARM_LIVE + 1)) -D hi=$((HARM_STORM + HARM_LIVE + HARM_OTHER)))
         metric=lock.lease.expired target=$HARM_STORM ;;
     jobs) script=harm_job.pgbench rate=$HARM_JOB_RATE defs=()
@@ -146,6 +152,9 @@ harm_side() {
     if [[ $row == floor ]]; then
         # The floor's "daemon" is a busy loop, and its run ends with the load.
         [[ $side == with ]] && { timeout "$HARM_FLOOR_SECS" sh -c 'while :; do :; done' & }
+        side=floor
+    elif [[ $row == paced ]]; then
+        [[ $side == with ]] && python3 "$HERE/paced_loop.py" "$HARM_PACED_ON_MS" "$HARM_PACED_SECS" &
         side=floor
     fi
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
@@ -187,7 +196,7 @@ bench_harm() {
     [[ -x $PG_BIN/pgbench ]] || { echo "bench: harm needs pgbench in $PG_BIN" >&2; return 1; }
     local bins=("$BIN") names=(this) i row r k
     if [[ -n $BASELINE ]]; then bins+=("$BASELINE"); names+=("baseline"); fi
-    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop")
+    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop" [paced]="floor: a paced busy loop")
     local -A message=([storm]=lease_expired [other]=lease_expired [jobs]=job_lease_expired)
     header "Harm: callers' latency (ms, pgbench -R, schedule lag included) while the daemon drains, against the same seconds without it ($RUNS runs; $HARM_STORM expired + $HARM_LIVE live leases, $HARM_JOBS stale jobs; daemon at ${HARM_AT} s of ${HARM_T} s)" \
         row build run "window s (from load start)" lines "with: n" "with p50" "with p99" "with max" \
@@ -197,7 +206,7 @@ bench_harm() {
         harm_seed locks "seed_harm_locks" "${bins[i]}"
         harm_seed jobs "seed_harm_jobs" "${bins[i]}"
         for row in ${HARM_ROWS:-storm other jobs floor}; do
-            ((i > 0)) && [[ $row == floor ]] && continue
+            ((i > 0)) && [[ $row == floor || $row == paced ]] && continue
             [[ $row == jobs ]] && H_SEED=seed_harm_jobs || H_SEED=seed_harm_locks
             for ((r = 1; r <= RUNS; r++)); do
                 local order=(with without) load tl_with td_with tl_without cpu win s e lines
@@ -216,6 +225,8 @@ bench_harm() {
                 s=$(calc "$td_with - $tl_with")
                 if [[ $row == floor ]]; then
                     lines=— cpu=n/a e=$(calc "$s + $HARM_FLOOR_SECS")
+                elif [[ $row == paced ]]; then
+                    lines=— cpu=n/a e=$(calc "$s + $HARM_PACED_SECS")
                 else
                     win=$(python3 "$HERE/harm_stats.py" window "$tag.with.daemon.log" "${message[$row]}")
                     lines=$(json /dev/stdin "d['count']" <<<"$win")
@@ -237,6 +248,7 @@ bench_harm() {
                 maxr=$(calc "$(json /dev/stdin "d['max']" <<<"$with") / $(json /dev/stdin "d['max']" <<<"$without")")
                 goals="p99 $( (($(calc "$p99r <= 1.25"))) && echo met || echo "**not met**"), max $( (($(calc "$maxr <= 2"))) && echo met || echo "**not met**")"
                 [[ $row == floor ]] && goals="none: what one busy core costs"
+                [[ $row == paced ]] && goals="none: what a quarter of one core costs"
                 row "${label[$row]}" "${names[i]}" "$r ($(IFS=,; echo "${order[*]}"))" \
                     "$(fmt "$s" 2)–$(fmt "$e" 2) ($(fmt "$(calc "$e - $s")" 2) s$cut)" "$lines" \
                     "$(json /dev/stdin "d['n']" <<<"$with")" "$(harm_ms p50 "$with")" "$(harm_ms p99 "$with")" "$(harm_ms max "$with")" \
