@@ -128,9 +128,11 @@ pub trait ExpiryStage: Send {
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
 
-    /// Other sessions running a statement when the sweep began, as its first
-    /// question saw them (0 when nothing had expired, or when the backend
-    /// cannot tell): the first batch can already be a careful one.
+    /// Others at work when the sweep began, as its first question saw them:
+    /// sessions running a statement, or at least one when takeovers wait to
+    /// be reported (a lock server re-acquiring expired keys); 0 when nothing
+    /// had expired, or when the backend cannot tell. The first batch can
+    /// already be a careful one.
     fn busy(&self) -> u32;
 
     /// Writes the lines of a batch still waiting for them.

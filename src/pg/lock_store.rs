@@ -74,7 +74,8 @@ pub struct PgTakeovers<'s> {
 struct Probe {
     takeovers: bool,
     held: Option<i64>,
-    /// Others were busy (asked only when something had expired).
+    /// Others were at work (asked only when something had expired):
+    /// sessions running a statement, at least one if takeovers wait.
     busy: u32,
     /// Nothing was deleted since the probe, so its held count still stands.
     unchanged: bool,
@@ -206,7 +207,12 @@ async fn probe(db: &mut Db) -> Result<Probe, StoreError> {
         Ok(found) => Ok(Probe {
             takeovers: found.takeovers,
             held: found.held,
-            busy: u32::try_from(found.busy).unwrap_or(0),
+            // Takeovers waiting to be reported are a lock server re-acquiring
+            // expired keys (a storm's callers), at work on this very table
+            // even when the activity look falls between its statements.
+            busy: u32::try_from(found.busy)
+                .unwrap_or(0)
+                .max(u32::from(found.expired && found.takeovers)),
             unchanged: !found.expired,
         }),
         Err(e) => Err(db.query_failed("lock_sweep_probe", e)),

@@ -236,6 +236,55 @@ async fn busy_neighbour_paced_drain_each_once() {
     neighbour.stop(&mut conn).await;
 }
 
+/// A lock server re-acquiring a storm's keys is at work even between its
+/// statements, where no look at the activity table sees it: a backlog
+/// beside takeovers waiting to be reported is drained the careful way, on
+/// one connection (alone on the server, `second_walker_and_writer_only_while_draining`
+/// uses three), still each lease and the takeover once.
+#[tokio::test]
+async fn waiting_takeovers_make_the_drain_careful() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = 2_000;
+    let tokens = insert_expired(&mut conn, "stormed-", n, 1_000).await;
+    let stolen: Option<i64> =
+        sqlx::query_scalar("SELECT lock_acquire('stormed-1', 'caller', 60000)")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(stolen.is_some(), "the caller takes the expired key over");
+    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(
+        (outcome.swept, outcome.taken_over),
+        (n as u64 - 1, 1),
+        "every other lease swept, the stolen one reported as taken over"
+    );
+    assert_eq!(
+        sweeper_connections(&mut conn).await,
+        1,
+        "no second walker and no writer: the drain went the careful way"
+    );
+    let lines = log.lines();
+    let reported: HashSet<(String, String)> = events(&lines, "lease_expired")
+        .into_iter()
+        .map(|f| (f["lockKey"].clone(), f["token"].clone()))
+        .collect();
+    let expected: HashSet<(String, String)> = tokens
+        .into_iter()
+        .map(|(key, token)| (key, token.to_string()))
+        .collect();
+    assert_eq!(lines.len(), n as usize, "one line a lease");
+    assert_eq!(reported, expected, "each lease once, with its own token");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
+        0
+    );
+}
+
 #[tokio::test]
 async fn three_sweepers_report_each_once() {
     let db = TestDb::new().await;
