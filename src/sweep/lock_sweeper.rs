@@ -175,7 +175,7 @@ impl<S: LockStore> LockSweeper<S> {
         let mut expired = self.store.begin_sweep().await?;
         self.neighbours.saw_busy(expired.busy(), Instant::now());
         let mut drain = Drain::new(BATCH_SIZE);
-        let drain_started = Instant::now();
+        drain.pace_for_at_most(PACED_DRAIN_LIMIT);
         let mut first = true;
         while drain.go_on(cancel) {
             let now = Instant::now();
@@ -194,11 +194,7 @@ impl<S: LockStore> LockSweeper<S> {
             let took = now.elapsed();
             let now = Instant::now();
             self.neighbours.saw(reaped, now);
-            drain.pace(if now - drain_started < PACED_DRAIN_LIMIT {
-                self.neighbours.pace(now)
-            } else {
-                0
-            });
+            drain.pace(self.neighbours.pace(now));
             drain.took_in(reaped.n, reaped.batches);
             drain.rest(took, cancel).await;
         }

@@ -135,6 +135,11 @@ pub struct Drain {
     more: bool,
     /// The pause after a full batch, as a multiple of the time it took.
     pace: u32,
+    /// How long after its start the drain may pause at all (`None`: as
+    /// long as it lasts).
+    paced_for: Option<Duration>,
+    /// When the drain began: `paced_for` counts from here.
+    started: tokio::time::Instant,
     /// Batches that committed.
     pub batches: u64,
     /// The drain stopped early because shutdown was requested.
@@ -147,6 +152,8 @@ impl Drain {
             limit,
             more: true,
             pace: 0,
+            paced_for: None,
+            started: tokio::time::Instant::now(),
             batches: 0,
             interrupted: false,
         }
@@ -159,10 +166,21 @@ impl Drain {
         self.pace = pace;
     }
 
+    /// Pauses only in the drain's first `limit`, whatever `pace` says
+    /// later: past it the backlog goes at the speed of its batches, so its
+    /// lines are not held back without bound.
+    pub fn pace_for_at_most(&mut self, limit: Duration) {
+        self.paced_for = Some(limit);
+    }
+
     /// How long to wait before the next batch, given that the last one took
-    /// `took`: nothing when the drain is over or unpaced.
+    /// `took`: nothing when the drain is over, unpaced, or past the time it
+    /// may pause for.
     pub fn pause_after(&self, took: Duration) -> Duration {
-        if self.more {
+        let may_pause = self
+            .paced_for
+            .is_none_or(|limit| self.started.elapsed() < limit);
+        if self.more && may_pause {
             took * self.pace
         } else {
             Duration::ZERO
@@ -386,5 +404,23 @@ mod tests {
         let mut unpaced = Drain::new(1_000);
         unpaced.took(1_000);
         assert_eq!(unpaced.pause_after(took), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_paced_for_at_most_a_limit_stops_pausing_past_it() {
+        let took = Duration::from_millis(40);
+        let limit = Duration::from_secs(6);
+        let mut drain = Drain::new(1_000);
+        drain.pace(3);
+        drain.pace_for_at_most(limit);
+        drain.took(1_000);
+        tokio::time::advance(limit - Duration::from_millis(1)).await;
+        assert_eq!(drain.pause_after(took), 3 * took, "within the limit");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            drain.pause_after(took),
+            Duration::ZERO,
+            "past it, full batches go on at once"
+        );
     }
 }
