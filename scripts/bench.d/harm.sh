@@ -48,10 +48,17 @@
 # HARM_ROWS (default "storm other jobs floor") picks rows, e.g. HARM_ROWS=storm;
 # "paced" is run only when named.
 #
+# HARM_PIN=1 gives the daemon a core of its own, as a server with a spare
+# core would: pgbench and the callers' backends on core 0 (pinned once
+# connected, on both sides), the daemon, its backends (moved there by
+# pin_backends.py within 5 ms of their start) and the harness on core 1; the
+# server's own processes (autovacuum too) run on either. What is left of the
+# harm is what a drain costs the callers besides a share of their CPU.
+#
 # Goals: p99 with ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without.
 
 HARM_AT=5 HARM_CLIENTS=8 HARM_THREADS=2 HARM_LOCK_RATE=1500 HARM_JOB_RATE=800 HARM_OTHER=20000
-HARM_FLOOR_SECS=3 HARM_PACED_ON_MS=${HARM_PACED_ON_MS:-2}
+HARM_FLOOR_SECS=3 HARM_PACED_ON_MS=${HARM_PACED_ON_MS:-2} HARM_PIN=${HARM_PIN:-0}
 if ((QUICK)); then
     HARM_T=10 HARM_STORM=20000 HARM_LIVE=2000 HARM_JOBS=10000 HARM_PACED_SECS=3
 else
@@ -138,12 +145,18 @@ harm_side() {
     H_PGLOG=$WORK/harm.$tag H_LOG=$WORK/harm.$tag.daemon.log H_CPU=n/a
     rm -f "$H_PGLOG".* "$H_LOG"
     start_listener "harm.$tag" "$target" "$metric"
-    local before pgb rc=0 reached=0
+    local before pgb rc=0 reached=0 pin=() pinner= p
+    ((HARM_PIN)) && pin=(taskset -c 0)
     H_TL=$(now)
-    "$PG_BIN/pgbench" -n -M prepared -c "$HARM_CLIENTS" -j "$HARM_THREADS" -R "$rate" -T "$HARM_T" \
+    "${pin[@]}" "$PG_BIN/pgbench" -n -M prepared -c "$HARM_CLIENTS" -j "$HARM_THREADS" -R "$rate" -T "$HARM_T" \
         -l --log-prefix="$H_PGLOG" -f "$HERE/$script" "${defs[@]}" harm_run >"$H_PGLOG.out" 2>&1 &
     pgb=$!
     PIDS+=("$pgb")
+    if ((HARM_PIN)); then
+        # The callers' backends, once pgbench has connected them all.
+        while (($(harm_backends harm_run | wc -l) < HARM_CLIENTS)) && kill -0 "$pgb" 2>/dev/null; do sleep 0.01; done
+        for p in $(harm_backends harm_run); do taskset -p -c 0 "$p" >/dev/null; done
+    fi
     sleep "$(calc "x = $H_TL + $HARM_AT - $(now); if (x < 0) 0 else x")"
     # Both sides read the process table at the mark, so both carry the
     # same harness work inside the run.
@@ -158,6 +171,13 @@ harm_side() {
         side=floor
     fi
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
+    if ((HARM_PIN)) && [[ $side == with ]]; then
+        taskset -a -p -c 1 "$DPID" >/dev/null
+        # shellcheck disable=SC2086
+        python3 "$HERE/pin_backends.py" "$(head -1 "$PG_DIR/data/postmaster.pid")" 1 harm_run $before &
+        pinner=$!
+        PIDS+=("$pinner")
+    fi
     while kill -0 "$pgb" 2>/dev/null; do
         [[ $side == with ]] && ((!reached)) && [[ -s $LRESULT ]] && harm_drained "$before"
         sleep 0.05
@@ -179,6 +199,7 @@ harm_side() {
         fi
         stop_pid "$DPID"
     fi
+    [[ -n $pinner ]] && stop_pid "$pinner"
     stop_pid "$LPID"
     if ((rc != 0)) || grep -q 'aborted\|error' "$H_PGLOG.out"; then
         echo "bench: harm: pgbench failed on the $row run (exit $rc):" >&2
@@ -198,7 +219,12 @@ bench_harm() {
     if [[ -n $BASELINE ]]; then bins+=("$BASELINE"); names+=("baseline"); fi
     local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop" [paced]="floor: a paced busy loop")
     local -A message=([storm]=lease_expired [other]=lease_expired [jobs]=job_lease_expired)
-    header "Harm: callers' latency (ms, pgbench -R, schedule lag included) while the daemon drains, against the same seconds without it ($RUNS runs; $HARM_STORM expired + $HARM_LIVE live leases, $HARM_JOBS stale jobs; daemon at ${HARM_AT} s of ${HARM_T} s)" \
+    local pinned=
+    if ((HARM_PIN)); then
+        pinned="; HARM_PIN=1: pgbench and the callers' backends on core 0, the daemon and its backends on core 1"
+        taskset -p -c 1 $$ >/dev/null
+    fi
+    header "Harm: callers' latency (ms, pgbench -R, schedule lag included) while the daemon drains, against the same seconds without it ($RUNS runs; $HARM_STORM expired + $HARM_LIVE live leases, $HARM_JOBS stale jobs; daemon at ${HARM_AT} s of ${HARM_T} s$pinned)" \
         row build run "window s (from load start)" lines "with: n" "with p50" "with p99" "with max" \
         "without: n" "without p50" "without p99" "without max" "p99 ratio" "max ratio" "db CPU of drain s" load1 "goals"
     for i in "${!bins[@]}"; do
@@ -259,6 +285,7 @@ bench_harm() {
         done
         $PSQL -X -q -c "DROP DATABASE seed_harm_locks" -c "DROP DATABASE seed_harm_jobs"
     done
+    ((HARM_PIN)) && taskset -p -c "0-$(($(nproc --all) - 1))" $$ >/dev/null
     echo "Goals: p99 with the daemon ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without. \"without\" = no daemon running, same data, same offsets from the load's start; latency = pgbench's per-transaction time, from the scheduled start (schedule lag included)." \
         | tee -a "$RESULTS"
 }
