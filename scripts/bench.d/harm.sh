@@ -50,10 +50,11 @@
 #
 # HARM_PIN=1 gives the daemon a core of its own, as a server with a spare
 # core would: pgbench and the callers' backends on core 0 (pinned once
-# connected, on both sides), the daemon, its backends (moved there by
-# pin_backends.py within 5 ms of their start) and the harness on core 1; the
-# server's own processes (autovacuum too) run on either. What is left of the
-# harm is what a drain costs the callers besides a share of their CPU.
+# connected, on both sides), the daemon, its backends (moved there within
+# 5 ms of their start by pin_backends.py, started before the daemon) and the
+# harness on core 1; the server's own processes (autovacuum too) run on
+# either. What is left of the harm is what a drain costs the callers besides
+# a share of their CPU.
 #
 # Goals: p99 with ≤ 1.25 × p99 without on every row; max with ≤ 2 × max without.
 
@@ -161,6 +162,14 @@ harm_side() {
     # Both sides read the process table at the mark, so both carry the
     # same harness work inside the run.
     before=" $(harm_backends harm_run | paste -sd' ') "
+    if ((HARM_PIN)) && [[ $side == with && $row != floor && $row != paced ]]; then
+        rm -f "$WORK/pin.ready"
+        # shellcheck disable=SC2086
+        python3 "$HERE/pin_backends.py" "$WORK/pin.ready" "$(head -1 "$PG_DIR/data/postmaster.pid")" 1 harm_run $before &
+        pinner=$!
+        PIDS+=("$pinner")
+        while [[ ! -e $WORK/pin.ready ]] && kill -0 "$pinner" 2>/dev/null; do sleep 0.01; done
+    fi
     H_TD=$(now)
     if [[ $row == floor ]]; then
         # The floor's "daemon" is a busy loop, and its run ends with the load.
@@ -171,13 +180,7 @@ harm_side() {
         side=floor
     fi
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
-    if ((HARM_PIN)) && [[ $side == with ]]; then
-        taskset -a -p -c 1 "$DPID" >/dev/null
-        # shellcheck disable=SC2086
-        python3 "$HERE/pin_backends.py" "$(head -1 "$PG_DIR/data/postmaster.pid")" 1 harm_run $before &
-        pinner=$!
-        PIDS+=("$pinner")
-    fi
+    ((HARM_PIN)) && [[ $side == with ]] && taskset -a -p -c 1 "$DPID" >/dev/null
     while kill -0 "$pgb" 2>/dev/null; do
         [[ $side == with ]] && ((!reached)) && [[ -s $LRESULT ]] && harm_drained "$before"
         sleep 0.05

@@ -2,9 +2,11 @@
 """Moves the daemon's database backends to the daemon's core, for the harm
 step's spare-core mode (HARM_PIN=1 in scripts/bench.d/harm.sh).
 
-usage: pin_backends.py POSTMASTER_PID CPU DB BEFORE_PID...
+usage: pin_backends.py READY POSTMASTER_PID CPU DB BEFORE_PID...
 
-Every 5 ms, each child of the postmaster that serves a client on DB
+Creates the file READY once it is polling (start the daemon after that: a
+backend that ran before would have run on the callers' core). Every 5 ms,
+each child of the postmaster that serves a client on DB
 (process title "postgres: postgres DB ...") and is not one of BEFORE (the
 callers' backends, there before the daemon started) is pinned to CPU. The
 postmaster and the callers stay where the harness put them; a new backend
@@ -35,9 +37,10 @@ def title(pid):
 
 
 def main():
-    postmaster, cpu, db = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    seen = {int(p) for p in sys.argv[4:]}
+    ready, postmaster, cpu, db = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    seen = {int(p) for p in sys.argv[5:]}
     prefix = f"postgres: postgres {db} "
+    open(ready, "w").close()
     while True:
         for pid in children(postmaster):
             if pid in seen:
