@@ -135,11 +135,9 @@ pub struct Drain {
     more: bool,
     /// The pause after a full batch, as a multiple of the time it took.
     pace: u32,
-    /// How long after its start the drain may pause at all (`None`: as
-    /// long as it lasts).
-    paced_for: Option<Duration>,
-    /// When the drain began: `paced_for` counts from here.
-    started: tokio::time::Instant,
+    /// Past this instant the drain no longer pauses (`None`: it may pause
+    /// as long as it lasts).
+    paced_until: Option<tokio::time::Instant>,
     /// Batches that committed.
     pub batches: u64,
     /// The drain stopped early because shutdown was requested.
@@ -152,8 +150,7 @@ impl Drain {
             limit,
             more: true,
             pace: 0,
-            paced_for: None,
-            started: tokio::time::Instant::now(),
+            paced_until: None,
             batches: 0,
             interrupted: false,
         }
@@ -166,11 +163,12 @@ impl Drain {
         self.pace = pace;
     }
 
-    /// Pauses only in the drain's first `limit`, whatever `pace` says
-    /// later: past it the backlog goes at the speed of its batches, so its
-    /// lines are not held back without bound.
+    /// Pauses only in the next `limit` (called as the drain begins: its
+    /// first `limit`), whatever `pace` says later: past it the backlog goes
+    /// at the speed of its batches, so its lines are not held back without
+    /// bound.
     pub fn pace_for_at_most(&mut self, limit: Duration) {
-        self.paced_for = Some(limit);
+        self.paced_until = Some(tokio::time::Instant::now() + limit);
     }
 
     /// How long to wait before the next batch, given that the last one took
@@ -178,8 +176,8 @@ impl Drain {
     /// may pause for.
     pub fn pause_after(&self, took: Duration) -> Duration {
         let may_pause = self
-            .paced_for
-            .is_none_or(|limit| self.started.elapsed() < limit);
+            .paced_until
+            .is_none_or(|until| tokio::time::Instant::now() < until);
         if self.more && may_pause {
             took * self.pace
         } else {
