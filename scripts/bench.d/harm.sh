@@ -65,6 +65,8 @@ if ((QUICK)); then
 else
     HARM_T=20 HARM_STORM=200000 HARM_LIVE=20000 HARM_JOBS=100000 HARM_PACED_SECS=6
 fi
+# The floor rows: a busy loop instead of a daemon, for this many seconds.
+declare -gA HARM_LOOP_SECS=([floor]=$HARM_FLOOR_SECS [paced]=$HARM_PACED_SECS)
 # Twice what the workers can claim in a run, so the queue never runs dry.
 HARM_WORK=$((2 * HARM_JOB_RATE * HARM_T))
 # The same pseudo-random deadlines in every seed (setseed before each loader).
@@ -162,7 +164,7 @@ harm_side() {
     # Both sides read the process table at the mark, so both carry the
     # same harness work inside the run.
     before=" $(harm_backends harm_run | paste -sd' ') "
-    if ((HARM_PIN)) && [[ $side == with && $row != floor && $row != paced ]]; then
+    if ((HARM_PIN)) && [[ $side == with && ! -v HARM_LOOP_SECS[$row] ]]; then
         rm -f "$WORK/pin.ready"
         # shellcheck disable=SC2086
         python3 "$HERE/pin_backends.py" "$WORK/pin.ready" "$(head -1 "$PG_DIR/data/postmaster.pid")" 1 harm_run $before &
@@ -235,7 +237,7 @@ bench_harm() {
         harm_seed locks "seed_harm_locks" "${bins[i]}"
         harm_seed jobs "seed_harm_jobs" "${bins[i]}"
         for row in ${HARM_ROWS:-storm other jobs floor}; do
-            ((i > 0)) && [[ $row == floor || $row == paced ]] && continue
+            ((i > 0)) && [[ -v HARM_LOOP_SECS[$row] ]] && continue
             [[ $row == jobs ]] && H_SEED=seed_harm_jobs || H_SEED=seed_harm_locks
             for ((r = 1; r <= RUNS; r++)); do
                 local order=(with without) load tl_with td_with tl_without cpu win s e lines
@@ -252,10 +254,8 @@ bench_harm() {
                 done
                 local tag=$WORK/harm.$row.${names[i]}.$r
                 s=$(calc "$td_with - $tl_with")
-                if [[ $row == floor ]]; then
-                    lines=— cpu=n/a e=$(calc "$s + $HARM_FLOOR_SECS")
-                elif [[ $row == paced ]]; then
-                    lines=— cpu=n/a e=$(calc "$s + $HARM_PACED_SECS")
+                if [[ -v HARM_LOOP_SECS[$row] ]]; then
+                    lines=— cpu=n/a e=$(calc "$s + ${HARM_LOOP_SECS[$row]}")
                 else
                     win=$(python3 "$HERE/harm_stats.py" window "$tag.with.daemon.log" "${message[$row]}")
                     lines=$(json /dev/stdin "d['count']" <<<"$win")
