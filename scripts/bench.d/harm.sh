@@ -44,9 +44,13 @@
 #               about one careful batch), then idle three times as long, for
 #               $HARM_PACED_SECS s (a storm's paced drain window): what that
 #               share of one core costs, whoever spends it
+#   null        the other-keys load with nothing beside it on either side,
+#               for $HARM_PACED_SECS s: two runs of the same load, so its
+#               ratios are the method's own noise, against which every other
+#               row's are read
 #
 # HARM_ROWS (default "storm other jobs floor") picks rows, e.g. HARM_ROWS=storm;
-# "paced" is run only when named.
+# "paced" and "null" are run only when named.
 #
 # HARM_PIN=1 gives the daemon a core of its own, as a server with a spare
 # core would: pgbench and the callers' backends on core 0 (pinned once
@@ -65,8 +69,8 @@ if ((QUICK)); then
 else
     HARM_T=20 HARM_STORM=200000 HARM_LIVE=20000 HARM_JOBS=100000 HARM_PACED_SECS=6
 fi
-# The floor rows: a busy loop instead of a daemon, for this many seconds.
-declare -gA HARM_LOOP_SECS=([floor]=$HARM_FLOOR_SECS [paced]=$HARM_PACED_SECS)
+# The rows without a daemon (a busy loop, or nothing), for this many seconds.
+declare -gA HARM_LOOP_SECS=([floor]=$HARM_FLOOR_SECS [paced]=$HARM_PACED_SECS [null]=$HARM_PACED_SECS)
 # Twice what the workers can claim in a run, so the queue never runs dry.
 HARM_WORK=$((2 * HARM_JOB_RATE * HARM_T))
 # The same pseudo-random deadlines in every seed (setseed before each loader).
@@ -138,7 +142,7 @@ harm_side() {
     case $row in
     storm) script=harm_lock.pgbench rate=$HARM_LOCK_RATE defs=(-D lo=1 -D hi="$HARM_STORM")
         metric=lock.lease.expired target=$HARM_STORM ;;
-    other | floor | paced) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
+    other | floor | paced | null) script=harm_lock.pgbench rate=$HARM_LOCK_RATE
         defs=(-D lo=$((HARM_STORM + HARM_LIVE + 1)) -D hi=$((HARM_STORM + HARM_LIVE + HARM_OTHER)))
         metric=lock.lease.expired target=$HARM_STORM ;;
     jobs) script=harm_job.pgbench rate=$HARM_JOB_RATE defs=()
@@ -179,6 +183,8 @@ harm_side() {
         side=floor
     elif [[ $row == paced ]]; then
         [[ $side == with ]] && python3 "$HERE/paced_loop.py" "$HARM_PACED_ON_MS" "$HARM_PACED_SECS" &
+        side=floor
+    elif [[ $row == null ]]; then
         side=floor
     fi
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
@@ -222,7 +228,7 @@ bench_harm() {
     [[ -x $PG_BIN/pgbench ]] || { echo "bench: harm needs pgbench in $PG_BIN" >&2; return 1; }
     local bins=("$BIN") names=(this) i row r k
     if [[ -n $BASELINE ]]; then bins+=("$BASELINE"); names+=("baseline"); fi
-    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop" [paced]="floor: a paced busy loop")
+    local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop" [paced]="floor: a paced busy loop" [null]="noise: nothing beside the callers")
     local -A message=([storm]=lease_expired [other]=lease_expired [jobs]=job_lease_expired)
     local pinned=
     if ((HARM_PIN)); then
@@ -278,6 +284,7 @@ bench_harm() {
                 goals="p99 $( (($(calc "$p99r <= 1.25"))) && echo met || echo "**not met**"), max $( (($(calc "$maxr <= 2"))) && echo met || echo "**not met**")"
                 [[ $row == floor ]] && goals="none: what one busy core costs"
                 [[ $row == paced ]] && goals="none: what a quarter of one core costs"
+                [[ $row == null ]] && goals="none: the method's noise"
                 row "${label[$row]}" "${names[i]}" "$r ($(IFS=,; echo "${order[*]}"))" \
                     "$(fmt "$s" 2)–$(fmt "$e" 2) ($(fmt "$(calc "$e - $s")" 2) s$cut)" "$lines" \
                     "$(json /dev/stdin "d['n']" <<<"$with")" "$(harm_ms p50 "$with")" "$(harm_ms p99 "$with")" "$(harm_ms max "$with")" \
