@@ -177,16 +177,14 @@ harm_side() {
         while [[ ! -e $WORK/pin.ready ]] && kill -0 "$pinner" 2>/dev/null; do sleep 0.01; done
     fi
     H_TD=$(now)
-    if [[ $row == floor ]]; then
-        # The floor's "daemon" is a busy loop, and its run ends with the load.
-        [[ $side == with ]] && { timeout "$HARM_FLOOR_SECS" sh -c 'while :; do :; done' & }
-        side=floor
-    elif [[ $row == paced ]]; then
-        [[ $side == with ]] && python3 "$HERE/paced_loop.py" "$HARM_PACED_ON_MS" "$HARM_PACED_SECS" &
-        side=floor
-    elif [[ $row == null ]]; then
-        side=floor
+    # A row without a daemon starts what stands in for it (the null row:
+    # nothing), and its run ends with the load.
+    if [[ $side == with && $row == floor ]]; then
+        timeout "$HARM_FLOOR_SECS" sh -c 'while :; do :; done' &
+    elif [[ $side == with && $row == paced ]]; then
+        python3 "$HERE/paced_loop.py" "$HARM_PACED_ON_MS" "$HARM_PACED_SECS" &
     fi
+    [[ -v HARM_LOOP_SECS[$row] ]] && side=floor
     [[ $side == with ]] && BIN=$bin start_daemon harm_run "$H_LOG"
     ((HARM_PIN)) && [[ $side == with ]] && taskset -a -p -c 1 "$DPID" >/dev/null
     while kill -0 "$pgb" 2>/dev/null; do
@@ -230,6 +228,8 @@ bench_harm() {
     if [[ -n $BASELINE ]]; then bins+=("$BASELINE"); names+=("baseline"); fi
     local -A label=([storm]="storm keys" [other]="other keys" [jobs]="job reap" [floor]="floor: a busy loop" [paced]="floor: a paced busy loop" [null]="noise: nothing beside the callers")
     local -A message=([storm]=lease_expired [other]=lease_expired [jobs]=job_lease_expired)
+    # What a row without a daemon measures, in place of goals.
+    local -A measures=([floor]="what one busy core costs" [paced]="what a quarter of one core costs" [null]="the method's noise")
     local pinned=
     if ((HARM_PIN)); then
         pinned="; HARM_PIN=1: pgbench and the callers' backends on core 0, the daemon and its backends on core 1"
@@ -282,9 +282,7 @@ bench_harm() {
                 p99r=$(calc "$(json /dev/stdin "d['p99']" <<<"$with") / $(json /dev/stdin "d['p99']" <<<"$without")")
                 maxr=$(calc "$(json /dev/stdin "d['max']" <<<"$with") / $(json /dev/stdin "d['max']" <<<"$without")")
                 goals="p99 $( (($(calc "$p99r <= 1.25"))) && echo met || echo "**not met**"), max $( (($(calc "$maxr <= 2"))) && echo met || echo "**not met**")"
-                [[ $row == floor ]] && goals="none: what one busy core costs"
-                [[ $row == paced ]] && goals="none: what a quarter of one core costs"
-                [[ $row == null ]] && goals="none: the method's noise"
+                [[ -v measures[$row] ]] && goals="none: ${measures[$row]}"
                 row "${label[$row]}" "${names[i]}" "$r ($(IFS=,; echo "${order[*]}"))" \
                     "$(fmt "$s" 2)–$(fmt "$e" 2) ($(fmt "$(calc "$e - $s")" 2) s$cut)" "$lines" \
                     "$(json /dev/stdin "d['n']" <<<"$with")" "$(harm_ms p50 "$with")" "$(harm_ms p99 "$with")" "$(harm_ms max "$with")" \
