@@ -279,14 +279,21 @@ SEE ALSO:
 
 const MIGRATE_HEAD: &str = "\
 DESCRIPTION:
-  Applies the migrations built into this binary: the lock and job-queue tables, indexes
-  and SQL functions, and the NOLOGIN role lease_sweeper holding exactly what `run` and
-  `check` need. Applied migrations are skipped; sqlx takes an advisory lock, so several
-  hosts may run it at once. Use a role that may create objects (and, the first time per
-  cluster, roles). During an upgrade, migrate before starting the new binaries.
+  Installs the sidecar into the lock server's database, or upgrades it. Where the lock
+  server's lock_entry (and the queue's job_queue) exist, it adopts them: it checks the
+  columns the sweep reads and adds only its own objects (its tables, functions, role and
+  grants, two triggers on lock_entry, and the expiry index if none exists, built
+  CONCURRENTLY); it never re-creates, rewrites or constrains their tables and never
+  touches their migration history. A table that does not fit is refused, nothing changed,
+  each missing or unusable column named. Where none exist (a new install), it creates a
+  stand-in lock server and job queue. The triggers' lock on lock_entry is waited for at
+  most 100 ms at a time and tried again. Run it as the owner of the lock server's tables
+  or a superuser (the first time per cluster, a role that may create roles). Safe to run
+  again and from several hosts. During an upgrade, migrate before starting new binaries.
 
 OUTPUT:
-  One `migrated` line on stderr.
+  One `migrated` line on stderr: the schema, lockServer and jobQueue (adopted or
+  created), and what this run applied.
 
 EXAMPLES:
   LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper migrate
@@ -295,21 +302,51 @@ EXAMPLES:
 
 const MIGRATE_TAIL: &str = "
 EXIT STATUS:
-  0 applied (or nothing to do), 1 the database refused or could not be reached,
+  0 applied (or nothing to do), 1 the database refused, did not fit or could not be
+  reached, 2 configuration error
+
+SEE ALSO:
+  lease-sweeper remove, lease-sweeper check, docs/adopting.md, docs/operations.md (Upgrade)";
+
+const REMOVE_HEAD: &str = "\
+DESCRIPTION:
+  Takes the sidecar out of the database again: its triggers on lock_entry, its functions,
+  tables and history, the reaper's two gate rows, its grants, and the expiry index if
+  migrate built it. The lock server's and the queue's tables, rows, triggers and history
+  stay exactly as they were, and so does the cluster-wide role lease_sweeper. One short
+  transaction, its lock on lock_entry waited for at most 100 ms at a time. Refuses,
+  changing nothing, while takeovers, late releases or swept batches wait to be reported:
+  run the daemon until `check` shows none, stop every daemon, then remove.
+
+OUTPUT:
+  One `removed` line on stderr.
+
+EXAMPLES:
+  LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper remove
+
+";
+
+const REMOVE_TAIL: &str = "
+EXIT STATUS:
+  0 removed, 1 refused, not installed, or the database could not be reached,
   2 configuration error
 
 SEE ALSO:
-  lease-sweeper check, docs/operations.md (Upgrade)";
+  lease-sweeper migrate, docs/adopting.md";
 
 const CHECK_HEAD: &str = "\
 DESCRIPTION:
   With the same environment as `run`, checks and prints one line per item:
     connect      the database answers, each host within its connect_timeout (5 s unless
                  set); where the target came from, the role and server version
+    lock server's table
+                 whose lock_entry is, whether it fits what the sweep reads, and whether
+                 the sidecar adopted it; if not yet, what `migrate` will add
     migrations   every migration of this binary is applied, none failed or changed
                  (newer ones are a warning, fine while an upgrade rolls out)
     table, index, function
-                 every object the daemon uses is visible to this role; indexes are valid
+                 every object the daemon uses is visible to this role, and whose it is
+                 (the lock server's, the job queue's, the sidecar's); indexes are valid
     grant        this role holds each privilege `run` needs, one line per object (the
                  list, with why each is needed: docs/least-privilege.md, section 2); the
                  sweep deletes through SECURITY DEFINER functions, so no DELETE is needed
@@ -326,12 +363,12 @@ DESCRIPTION:
   FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 19 applied (latest 20261205000200)
-  FAIL  grant EXECUTE on function lock_reap_expired: this role lacks EXECUTE, needed because
-        ...; GRANT EXECUTE ON FUNCTION lock_reap_expired TO <this role>
-  check FAILED: 1 of 65 checks failed (see the FAIL lines above); the migrated role
+  ok    migrations: all 1 applied (latest 20261207000100)
+  FAIL  grant EXECUTE on function lock_reap_batch: this role lacks EXECUTE, needed because
+        ...; GRANT EXECUTE ON FUNCTION lock_reap_batch TO <this role>
+  check FAILED: 1 of 50 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
-  A database that passes ends with: check passed: all 65 checks ok
+  A database that passes ends with: check passed: all 50 checks ok
   A database never migrated gets one line for its migrations, objects and grants:
   FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 
@@ -512,9 +549,13 @@ pub enum Command {
     #[command(after_help = run_help())]
     Run,
 
-    /// Apply the bundled schema migrations (idempotent; safe from several hosts).
+    /// Install or upgrade the sidecar, adopting the lock server's tables (idempotent).
     #[command(after_help = page(MIGRATE_HEAD, "migrate", MIGRATE_TAIL))]
     Migrate,
+
+    /// Take the sidecar out of the database, leaving the lock server's tables as they were.
+    #[command(after_help = page(REMOVE_HEAD, "remove", REMOVE_TAIL))]
+    Remove,
 
     /// Preflight: check connection, schema, functions, privileges and StatsD.
     ///

@@ -20,8 +20,8 @@ pub struct ExpiredLease {
     pub token: i64,
     /// The lease's deadline, in milliseconds since the Unix epoch.
     pub expired_at_millis: i64,
-    /// How long past its deadline the lease was when it was reaped (sweep) or
-    /// stolen (takeover), by the database's clock.
+    /// How long past its deadline the lease was when it left the table (swept,
+    /// stolen, or released late), by the database's clock.
     pub overdue_millis: i64,
     pub reaped_by: ReapedBy,
 }
@@ -34,6 +34,10 @@ pub enum ReapedBy {
     /// Stolen by a new acquire before any sweeper saw it; recorded by the
     /// backend at the moment of the steal and drained by a sweeper.
     Takeover,
+    /// Deleted by its holder after its deadline, before any sweeper saw it
+    /// (the holder paused past the deadline, then released); recorded by
+    /// the backend in the deleting statement and drained by a sweeper.
+    Release,
 }
 
 impl ReapedBy {
@@ -42,6 +46,18 @@ impl ReapedBy {
         match self {
             ReapedBy::Sweep => "sweep",
             ReapedBy::Takeover => "takeover",
+            ReapedBy::Release => "release",
+        }
+    }
+
+    /// The value as the backend records it (`lock_expiry_outbox.reaped_by`);
+    /// `None` for a word this build does not know.
+    pub fn parse(word: &str) -> Option<ReapedBy> {
+        match word {
+            "sweep" => Some(ReapedBy::Sweep),
+            "takeover" => Some(ReapedBy::Takeover),
+            "release" => Some(ReapedBy::Release),
+            _ => None,
         }
     }
 }

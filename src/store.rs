@@ -1,5 +1,5 @@
 //! The seams between the services and their backends: `LockStore` (a
-//! sweep's stages) and `JobQueue` (a reaper pass's calls), what they return,
+//! sweep's calls) and `JobQueue` (a reaper pass's calls), what they return,
 //! and the error every call returns, scrubbed of secrets with the driver's
 //! error as its source. No SQL (`pg`), no timing, logging or metrics (`sweep`).
 
@@ -35,131 +35,77 @@ where
 /// How a store is handed its `Reporter`.
 pub type Report<'a, T> = &'a mut dyn Reporter<T>;
 
-/// What one reaping call took off the table.
+/// A sweep's first answer (`LockStore::probe`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reaped {
-    /// Leases taken off the table, for the drain rule (what was reported went
-    /// through `report`).
+pub struct Probe {
+    /// Some lease is past its deadline.
+    pub expired: bool,
+    /// Some expiry is recorded and not yet reported: a takeover, a late
+    /// release, or a batch a sweeper took off the table but did not get to
+    /// report (it died, or its output failed).
+    pub recorded: bool,
+    /// Leases held, when nothing had expired (the count then stands for the
+    /// sweep); `None` when `expired`: read with `held_count` after reaping.
+    pub held: Option<i64>,
+}
+
+/// What one batch took off the table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Leases deleted and reported (a lease set aside is not counted, so a
+    /// batch with one is short and ends the drain).
     pub n: usize,
-    /// The transactions that took them: one a batch, and a call may take
-    /// more than one (two walkers, or a walk the index took over from).
-    pub batches: u32,
-    /// Lock-server calls that were queued behind the batch when it ended: the
-    /// sweep takes smaller batches while there are any.
-    pub waiters: u32,
-    /// Other sessions running a statement when the batch ended (the workload
-    /// beside the sweeper; 0 when the backend cannot tell): the sweep paces
-    /// a backlog while there are any.
-    pub busy: u32,
+    /// The newest deadline among them (epoch ms): the next batch of the same
+    /// sweep starts there.
+    pub newest_millis: Option<i64>,
 }
 
-/// What the sweeper knows of the workload beside it, which decides how a
-/// reaping call takes its batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workload {
-    /// No other session is busy: the fastest drain. A backlog's rows are
-    /// deleted without being locked first (a row someone holds fails the
-    /// batch after a short wait, and the sweep goes on the careful way), and
-    /// a full batch's lines may be written while the next batch is taken
-    /// (by the next `reap_expired`, or by `finish`).
-    Idle,
-    /// Others are running statements: a row another session holds is
-    /// skipped, never waited on, and the lines are written before the call
-    /// returns, so the daemon and the database take turns.
-    Busy,
-}
-
-/// A lock backend, as a sweep uses it.
+/// A lock backend, as a sweep uses it. A sweep calls, in this order:
 ///
-/// A sweep is three stages, each a type, so no caller can run them out of
-/// order or carry one sweep's answers into the next:
+/// 1. `probe`: one cheap question. An idle sweep ends on its answer.
+/// 2. While `expired`: `reap_batch`, each from where the last one left
+///    off (`after`, the newest deadline it took), until one comes back
+///    short (fewer than `limit`).
+/// 3. While `recorded`: `drain_recorded`, until one comes back short.
+/// 4. `held_count`, unless the probe's count stands.
 ///
-/// 1. `begin_sweep` opens the sweep. A backend may ask here, in one cheap
-///    statement, whether anything expired or was taken over and how many
-///    leases are held (`PgLockStore` does); the returned value owns that
-///    answer until the sweep ends.
-/// 2. `ExpiryStage::reap_expired`, called until a batch comes back short
-///    (fewer than its `limit`) or the sweep stops early, then `finish`
-///    (which writes the lines a `Workload::Idle` call left), then
-///    `into_takeovers`.
-/// 3. `TakeoverStage::drain_takeovers`, called until a batch comes back
-///    short, then `held_count`, which ends the sweep.
-///
-/// A stage dropped early (an error) abandons the sweep; the next
-/// `begin_sweep` starts from nothing. A batch whose lines were still to be
-/// written then is recovered by a later sweep, of any replica, and reported
-/// once (`reapedBy=sweep`), only later.
-///
-/// Each reaping call takes at most `limit` leases off the table and calls
-/// `report` with them before their last durable record is gone, so a crash
-/// can repeat a line but never lose one; if `report` fails, that record
-/// stays and a later call reports the leases. The leases themselves are
-/// released first: nothing the lock server does waits while their lines
-/// are written (`PgLockStore` commits the deletion together with a
-/// hand-off row and deletes that row once the lines are out). Several
-/// replicas may sweep at the same time: a lease goes to exactly one of
-/// them.
+/// A reaping call takes at most `limit` leases in deadline order, skipping
+/// those another session holds, and releases them first: it commits their
+/// deletion with a record of them (a hand-off), then calls `report` (their
+/// lines, written and flushed), then deletes that record. So no lock-server
+/// call waits on the daemon's output, and a lease's line is written before
+/// its last durable record is gone: a crash can repeat a line, never lose
+/// one. If `report` fails, the record stays, and a later sweep (of any
+/// replica) reports it. Several replicas may sweep at once: a lease goes to
+/// exactly one of them.
 pub trait LockStore: Send {
-    /// One sweep's first stage; it may borrow the store's connection.
-    type Sweep<'s>: ExpiryStage
-    where
-        Self: 's;
-
     /// The `backend` tag on every line and metric (`pg`, later `etcd`).
     fn backend_id(&self) -> &'static str;
 
-    /// Opens a sweep.
-    fn begin_sweep(&mut self) -> impl Future<Output = Result<Self::Sweep<'_>, StoreError>> + Send;
-}
+    /// What is there to do, and the held count if nothing expired.
+    fn probe(&mut self) -> impl Future<Output = Result<Probe, StoreError>> + Send;
 
-/// A sweep's first stage: leases whose deadline has passed.
-pub trait ExpiryStage: Send {
-    /// The stage that follows.
-    type Takeovers: TakeoverStage;
-
-    /// Deletes up to `limit` leases whose deadline has passed; how many it
-    /// took, for the drain rule, whether lock-server calls waited on it and
-    /// whether others were busy. It goes about it as `workload` says; the
-    /// lines of a batch an earlier call left are written by this one.
-    fn reap_expired(
+    /// One batch of expired leases with deadlines from `after` (epoch ms;
+    /// `None`: the oldest), reported through `report`.
+    fn reap_batch(
         &mut self,
         limit: usize,
-        workload: Workload,
+        after: Option<i64>,
         report: Report<'_, ExpiredLease>,
-    ) -> impl Future<Output = Result<Reaped, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Batch, StoreError>> + Send;
 
-    /// Others at work when the sweep began, as its first question saw them:
-    /// sessions running a statement, or at least one when takeovers wait to
-    /// be reported (a lock server re-acquiring expired keys); 0 when nothing
-    /// had expired, or when the backend cannot tell. The first batch can
-    /// already be a careful one.
-    fn busy(&self) -> u32;
-
-    /// Writes the lines of a batch still waiting for them.
-    fn finish(
-        &mut self,
-        report: Report<'_, ExpiredLease>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Ends the reaping of expired leases.
-    fn into_takeovers(self) -> Self::Takeovers;
-}
-
-/// A sweep's second and last stage: recorded takeovers, then the gauge.
-pub trait TakeoverStage: Send {
-    /// Drains up to `limit` recorded takeovers of expired leases, and any
-    /// batch a sweeper took off the table but did not get to report (it
-    /// died, or its output failed): its leases come as `reapedBy=sweep`.
-    /// How many leases it reported.
-    fn drain_takeovers(
+    /// Reports every abandoned hand-off (`reapedBy=sweep`), then up to
+    /// `limit` recorded takeovers and late releases; how many leases it
+    /// reported from the record (the limit applies to those).
+    fn drain_recorded(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Leases currently held (for the `lock.held.current` gauge), this
-    /// sweep's deletions already subtracted. Ends the sweep.
-    fn held_count(self) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    /// Leases currently held (the `lock.held.current` gauge), this sweep's
+    /// deletions already subtracted.
+    fn held_count(&mut self) -> impl Future<Output = Result<i64, StoreError>> + Send;
 }
 
 /// A job queue, as the job reaper uses it.
@@ -231,10 +177,6 @@ pub enum ApplyBatch {
         /// Jobs reaped, for the drain rule (what was reported went through
         /// `report`).
         n: usize,
-        /// Other sessions at work as the batch ended (the workers; 0 when
-        /// the backend cannot tell): the reaper paces a backlog while there
-        /// are any.
-        busy: u32,
     },
     /// The gates closed since they were read; nothing changed.
     Refused(String),

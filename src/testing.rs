@@ -43,8 +43,7 @@ pub mod job_queue {
 
 pub mod lock_entry {
     pub use crate::pg::lock_entry::{
-        HELD_COUNT_MAX_AGE, HeldCount, SWEEP_PROBE, SweepProbe, held_count, reap_expired,
-        sweep_probe,
+        HELD_COUNT_MAX_AGE, HeldCount, SWEEP_PROBE, SweepProbe, held_count, reap_batch, sweep_probe,
     };
 }
 
@@ -53,7 +52,14 @@ pub mod lock_store {
 }
 
 pub mod migrate {
-    pub use crate::pg::migrate::{MIGRATOR, migrate};
+    pub use crate::pg::migrate::{
+        BUILT_INDEX_COMMENT, Installed, MIGRATIONS_TABLE, MIGRATOR, MigrateError, Origin, migrate,
+        remove,
+    };
+}
+
+pub mod sql {
+    pub use crate::pg::sql::*;
 }
 
 pub mod progress {
@@ -65,7 +71,7 @@ pub mod model {
 }
 
 pub mod store {
-    pub use crate::store::{ExpiryStage, LockStore, Reaped, StoreError, Workload};
+    pub use crate::store::{Batch, LockStore, Probe, StoreError};
 }
 
 pub mod sweep {
@@ -73,7 +79,7 @@ pub mod sweep {
 }
 
 pub mod lock_sweeper {
-    pub use crate::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper, SMALL_BATCH_SIZE};
+    pub use crate::sweep::lock_sweeper::{BATCH_SIZE, LockSweeper};
 }
 
 pub mod job_reaper {

@@ -77,7 +77,7 @@ from pathlib import Path
 ROOT = Path(sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else ".").resolve()
 
 # Top-level directories whose paths prose may cite.
-CITABLE = ("src", "tests", "scripts", "migrations", "deploy", "docs", "systemd", "man", "debian", "crates")
+CITABLE = ("src", "tests", "scripts", "migrations", "sql", "deploy", "docs", "systemd", "man", "debian", "crates")
 
 # Migrations applied before this check existed. Applied migrations never
 # change (sqlx compares checksums), so what their comments cite stays.
@@ -306,6 +306,7 @@ def check_names():
     code = "\n".join(read(p) for p in list((ROOT / "src").rglob("*.rs"))
                      + list((ROOT / "tests").rglob("*.rs"))
                      + list((ROOT / "migrations").glob("*.sql"))
+                     + list((ROOT / "sql").rglob("*.sql"))
                      + [p for p in (ROOT / "scripts").rglob("*") if p.is_file()])
     for f in prose_files():
         for no, line in enumerate(read(f).splitlines(), 1):
@@ -333,7 +334,7 @@ def check_names():
             for m in BARE_RE.finditer(line):
                 name = m.group(1)
                 if not re.search(r"\b" + re.escape(name) + r"\b", code):
-                    find(rel(f), no, f"names `{name}`, which appears nowhere in src/, tests/, migrations/ or scripts/",
+                    find(rel(f), no, f"names `{name}`, which appears nowhere in src/, tests/, migrations/, sql/ or scripts/",
                          "use the current name of the test or item, or drop the reference")
 
 
@@ -853,6 +854,7 @@ def check_outside():
             if (ROOT / p).is_file():
                 files.append(ROOT / p)
     files += [p for p in sorted((ROOT / "migrations").glob("*.sql")) if p.name not in FROZEN_MIGRATIONS]
+    files += sorted((ROOT / "sql").rglob("*.sql"))
     for f in files:
         if rel(f) in SELF or f.suffix in (".png", ".gz"):
             continue

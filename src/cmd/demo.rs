@@ -131,11 +131,12 @@ async fn start_postgres() -> anyhow::Result<(ThrowawayPg, PgConnection)> {
     let mut conn = PgConnection::connect(&pg.url("postgres"))
         .await
         .context("connecting to the throwaway PostgreSQL")?;
-    crate::pg::migrate::migrate(&mut conn)
+    let installed = crate::pg::migrate::migrate(&mut conn)
         .await
         .context("migrating the throwaway database")?;
     info!(
-        migrations = crate::pg::migrate::MIGRATOR.iter().count(),
+        migrations = installed.migrations_applied,
+        functions = installed.functions_applied,
         "demo_migrated"
     );
     Ok((pg, conn))

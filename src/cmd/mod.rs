@@ -21,6 +21,7 @@ pub async fn execute(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run => run::run().await.map(|()| ExitCode::SUCCESS),
         Command::Migrate => migrate::run().await.map(|()| ExitCode::SUCCESS),
+        Command::Remove => migrate::remove().await.map(|()| ExitCode::SUCCESS),
         Command::Demo => demo::run().await.map(|()| ExitCode::SUCCESS),
         Command::Check => check::run().await,
         Command::Alive { max_age } => alive::run(Duration::from_secs(max_age)),
@@ -36,6 +37,7 @@ pub fn name(command: &Command) -> &'static str {
     match command {
         Command::Run => "run",
         Command::Migrate => "migrate",
+        Command::Remove => "remove",
         Command::Demo => "demo",
         Command::Check => "check",
         Command::Alive { .. } => "alive",

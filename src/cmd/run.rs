@@ -1,7 +1,8 @@
 //! `lease-sweeper run`: the daemon.
 //!
-//! Owns wiring the services to their connections (the horizon check too,
-//! outside the watchdog's set of loops), the signal lines,
+//! Owns wiring the services to their two connections (the lock sweep's
+//! own; one the job reaper and the horizon check share, the latter outside
+//! the watchdog's set of loops), the signal lines,
 //! StatsD, the scrape endpoint when it is asked for, systemd and the
 //! shutdown signal, then waiting for every loop to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
 
@@ -12,6 +13,7 @@ use crate::config::{DbTarget, StatsdTarget};
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::output::prometheus::Exposition;
+use crate::pg::conn::SharedDb;
 use crate::pg::horizon::PgHorizon;
 use crate::pg::job_queue::PgJobQueue;
 use crate::pg::lock_store::PgLockStore;
@@ -72,13 +74,16 @@ pub async fn run() -> anyhow::Result<()> {
         EventLog::stdout(),
         metrics.clone(),
     );
+    // The daemon's two connections: the lock sweep's own, and one the job
+    // reaper and the horizon check take turns on.
+    let shared = SharedDb::new(db.clone());
     let horizon = HorizonCheck::new(
-        PgHorizon::new(db.clone()),
+        PgHorizon::on(shared.clone()),
         EventLog::stdout(),
         metrics.clone(),
     );
     let jobs = JobReaper::new(
-        PgJobQueue::new(db),
+        PgJobQueue::on(shared),
         EventLog::stdout(),
         metrics.clone(),
         actor,

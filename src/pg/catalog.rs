@@ -14,7 +14,7 @@
 //! very thing `PLANTED_OVERLOADS` looks for), and an unqualified `=` or
 //! function call could resolve to it.
 
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection};
 
 /// Who this session is: its role, the server's version, and whether the
 /// role is a superuser (every privilege check passes for one, which is worth
@@ -47,9 +47,10 @@ pub async fn session(conn: &mut PgConnection) -> Result<Session, sqlx::Error> {
 /// sqlx's bookkeeping table as this role's search path resolves it; NULL
 /// when it is not there, i.e. nothing was ever migrated (asked first, so
 /// that case reads "none applied" instead of a missing-relation error).
-pub const MIGRATIONS_TABLE: &str = "SELECT pg_catalog.to_regclass('_sqlx_migrations')::text";
+pub const MIGRATIONS_TABLE: &str =
+    "SELECT pg_catalog.to_regclass('lease_sweeper_migrations')::text";
 
-/// Whether `_sqlx_migrations` is visible to this role.
+/// Whether `lease_sweeper_migrations` is visible to this role.
 pub async fn migrations_table_exists(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     let table: Option<String> = sqlx::query_scalar(MIGRATIONS_TABLE)
         .persistent(false)
@@ -60,9 +61,10 @@ pub async fn migrations_table_exists(conn: &mut PgConnection) -> Result<bool, sq
 
 /// Every migration the database records, applied or failed, with the
 /// checksum it was applied with (compared with the binary's own).
-pub const APPLIED_MIGRATIONS: &str = "SELECT version, success, checksum FROM _sqlx_migrations";
+pub const APPLIED_MIGRATIONS: &str =
+    "SELECT version, success, checksum FROM lease_sweeper_migrations";
 
-/// One row of `_sqlx_migrations`.
+/// One row of `lease_sweeper_migrations`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedMigration {
     pub version: i64,
@@ -71,7 +73,7 @@ pub struct AppliedMigration {
     pub checksum: Vec<u8>,
 }
 
-/// The rows of `_sqlx_migrations`; fails with SQLSTATE 42501 when the role
+/// The rows of `lease_sweeper_migrations`; fails with SQLSTATE 42501 when the role
 /// may not read it.
 pub async fn applied_migrations(
     conn: &mut PgConnection,
@@ -294,5 +296,40 @@ pub async fn planted_overloads(conn: &mut PgConnection) -> Result<Option<String>
     sqlx::query_scalar(super::migrate::PLANTED_OVERLOADS)
         .persistent(false)
         .fetch_one(&mut *conn)
+        .await
+}
+
+/// The sidecar on this database as `check` sees it (`ADOPTION`).
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct Adoption {
+    /// `migrate` ran here (its record of applied SQL is visible).
+    pub installed: bool,
+    /// How many of its two triggers `lock_entry` has.
+    pub triggers: i64,
+    /// A valid index leading with `expires_at`, by name.
+    pub deadline_index: Option<String>,
+}
+
+/// Whether the sidecar is installed beside the `lock_entry` this role sees,
+/// with its triggers, and which index serves the deadline order.
+pub const ADOPTION: &str = "
+SELECT pg_catalog.to_regclass('lease_sweeper_sql') IS NOT NULL AS installed,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
+         WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('lock_entry')
+           AND t.tgname OPERATOR(pg_catalog.=) ANY ('{lock_entry_takeover,lock_entry_late_release}'::pg_catalog.name[])) AS triggers,
+       (SELECT c.relname::pg_catalog.text
+          FROM pg_catalog.pg_index AS i
+          JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) i.indexrelid
+          JOIN pg_catalog.pg_attribute AS a
+            ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid AND a.attnum OPERATOR(pg_catalog.=) i.indkey[0]
+         WHERE i.indrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('lock_entry') AND i.indisvalid
+           AND a.attname OPERATOR(pg_catalog.=) 'expires_at' AND i.indpred IS NULL
+         ORDER BY 1 LIMIT 1) AS deadline_index";
+
+/// Asks `ADOPTION`.
+pub async fn adoption(conn: &mut PgConnection) -> Result<Adoption, sqlx::Error> {
+    sqlx::query_as(ADOPTION)
+        .persistent(false)
+        .fetch_one(conn)
         .await
 }

@@ -1,5 +1,6 @@
-//! One connection per service, its transactions, and how database failures
-//! are told. Owns connecting (the host walk of `pgconn`), the guards every
+//! A daemon's two connections (the lock sweep's own, and one the job reaper
+//! and the horizon check take turns on), their transactions, and how
+//! database failures are told. Owns connecting (the host walk of `pgconn`), the guards every
 //! transaction sets (`BEGIN_GUARDED`), the order of a batch's report (in
 //! chunks, other work between them) and commit, dropping a connection after
 //! any error so the next call walks the hosts again, and naming a failure's
@@ -130,9 +131,8 @@ pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothin
 /// A lazily opened connection that reconnects after failures.
 /// Its errors name the `work` it does.
 ///
-/// Not a pool, on purpose: each service does one thing at a time on its own
-/// connection, and a pool hides a refused connection behind `PoolTimedOut`
-/// after 30 s.
+/// Not a pool, on purpose: a service does one thing at a time, and a pool
+/// hides a refused connection behind `PoolTimedOut` after 30 s.
 pub struct Db {
     target: DbTarget,
     work: Work,
@@ -228,6 +228,30 @@ impl Db {
             cause: self.target.redactor().redact(&describe(&err)),
             source: Some(Box::new(err)),
         }
+    }
+}
+
+/// One connection that two services take turns on, each call naming the
+/// work it does (so a failure says whose it was). The job reaper and the
+/// horizon check share one: neither is the signal, and a daemon then holds
+/// two connections at most, the lock sweep's own being the other, so a job
+/// backlog or a slow catalog read never delays a lease's line.
+#[derive(Clone)]
+pub struct SharedDb(std::sync::Arc<tokio::sync::Mutex<Db>>);
+
+impl SharedDb {
+    pub fn new(target: DbTarget) -> Self {
+        Self(std::sync::Arc::new(tokio::sync::Mutex::new(Db::new(
+            target,
+            Work::JobQueue,
+        ))))
+    }
+
+    /// The connection, for `work`, once the other service is done with it.
+    pub async fn lock(&self, work: Work) -> tokio::sync::MutexGuard<'_, Db> {
+        let mut db = self.0.lock().await;
+        db.work = work;
+        db
     }
 }
 

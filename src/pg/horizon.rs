@@ -18,8 +18,7 @@ use std::future::Future;
 
 use sqlx::{Connection as _, Row as _};
 
-use crate::config::DbTarget;
-use crate::pg::conn::Db;
+use crate::pg::conn::SharedDb;
 use crate::store::{StoreError, Work};
 
 /// Server-side bound of each horizon statement, in ms. The views read
@@ -210,25 +209,26 @@ pub trait HorizonSource: Send {
     fn read(&mut self) -> impl Future<Output = Result<Horizon, StoreError>> + Send;
 }
 
-/// The horizon check's own connection.
+/// The horizon check's reads, on the connection it shares with the job
+/// reaper.
 pub struct PgHorizon {
-    db: Db,
+    db: SharedDb,
 }
 
 impl PgHorizon {
-    pub fn new(target: DbTarget) -> Self {
-        Self {
-            db: Db::new(target, Work::Horizon),
-        }
+    /// On `db`, shared with the job reaper.
+    pub fn on(db: SharedDb) -> Self {
+        Self { db }
     }
 }
 
 impl HorizonSource for PgHorizon {
     async fn read(&mut self) -> Result<Horizon, StoreError> {
-        let conn = self.db.conn().await?;
+        let mut db = self.db.lock(Work::Horizon).await;
+        let conn = db.conn().await?;
         match read_horizon(conn).await {
             Ok(horizon) => Ok(horizon),
-            Err((query, e)) => Err(self.db.query_failed(query, e)),
+            Err((query, e)) => Err(db.query_failed(query, e)),
         }
     }
 }

@@ -8,7 +8,7 @@ use sqlx::{FromRow, PgConnection, Row as _};
 
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, JobAction, SetAsideJob};
-use crate::pg::conn::{self, BatchFailure, Db};
+use crate::pg::conn::{self, BatchFailure, SharedDb};
 use crate::store::{ApplyBatch, Gates, JobQueue, PassStart, Report, StoreError, Work};
 
 /// The read-only dry run: `$1` = limit (1..10000).
@@ -21,14 +21,10 @@ pub const APPLY: &str = "SELECT fn_job_reap_stale_leases_apply($1, $2)::text";
 /// The daemon's apply: `APPLY`, with its report recorded in one hand-off row
 /// in the same call when it reaped something, so the transaction can commit
 /// before the lines are written (`fn_job_reap_stale_leases_apply_handed_off`
-/// in `migrations/`). Returns the hand-off's id (NULL otherwise), the
-/// report, and, when it reaped something, how many other sessions were at
-/// work as it ended (`lock_reap_busy`, one look): the workers, whom the
-/// reaper paces its drain for. A pass with nothing to reap does not look,
-/// so an idle reaper with open gates reads no activity table every second.
-pub const APPLY_HANDED_OFF: &str = "SELECT handoff_id, report, \
-     CASE WHEN handoff_id IS NOT NULL THEN lock_reap_busy() ELSE 0 END AS busy \
-     FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
+/// in `sql/functions/`). Returns the hand-off's id (NULL otherwise) and the
+/// report.
+pub const APPLY_HANDED_OFF: &str =
+    "SELECT handoff_id, report FROM fn_job_reap_stale_leases_apply_handed_off($1, $2)";
 
 /// Every queue setting with who changed it last, plus what the gates say now.
 ///
@@ -188,16 +184,21 @@ struct GatesRow {
 /// The `backend` tag: this queue lives in PostgreSQL.
 const BACKEND: &str = "pg";
 
-/// The job reaper's view of the queue, on a connection of its own.
+/// The job reaper's view of the queue, on the connection it shares with the
+/// horizon check.
 pub struct PgJobQueue {
-    db: Db,
+    db: SharedDb,
 }
 
 impl PgJobQueue {
+    /// On a connection of its own (tests, one-shot use).
     pub fn new(target: DbTarget) -> Self {
-        Self {
-            db: Db::new(target, Work::JobQueue),
-        }
+        Self::on(SharedDb::new(target))
+    }
+
+    /// On `db`, shared with the horizon check.
+    pub fn on(db: SharedDb) -> Self {
+        Self { db }
     }
 }
 
@@ -213,11 +214,12 @@ impl JobQueue for PgJobQueue {
         // The one statement calls all three: a failure names them.
         const WHAT: &str =
             "fn_job_reaper_gate_refusal, fn_job_stale_lease_count, fn_job_reap_handoff_abandoned";
-        let conn = self.db.conn().await?;
+        let mut db = self.db.lock(Work::JobQueue).await;
+        let conn = db.conn().await?;
         let row = conn::probe_row(conn, GATES_THEN_STALE)
             .await
             .and_then(|row| GatesRow::from_row(&row))
-            .map_err(|e| self.db.query_failed(WHAT, e))?;
+            .map_err(|e| db.query_failed(WHAT, e))?;
         let abandoned = row.abandoned;
         let Some(text) = row.refusal else {
             return Ok(PassStart {
@@ -227,7 +229,8 @@ impl JobQueue for PgJobQueue {
         };
         let reason = decode::<ApplyReport>("fn_job_reaper_gate_refusal", &text)
             .map(|r| r.reason.unwrap_or_else(|| text.clone()))
-            .map_err(|f| self.db.batch_failed(f))?;
+            .map_err(|f| db.batch_failed(f))?;
+        drop(db);
         let stale = match row.stale {
             Some(n) => count(n),
             // The gates refused but the count is missing: ask for it alone.
@@ -241,6 +244,8 @@ impl JobQueue for PgJobQueue {
 
     async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
         self.db
+            .lock(Work::JobQueue)
+            .await
             .batch(async |c| recover_in_tx(c, report).await)
             .await
     }
@@ -248,12 +253,13 @@ impl JobQueue for PgJobQueue {
     /// `STALE_COUNT`.
     async fn stale_count(&mut self) -> Result<u64, StoreError> {
         const WHAT: &str = "fn_job_stale_lease_count";
-        let conn = self.db.conn().await?;
+        let mut db = self.db.lock(Work::JobQueue).await;
+        let conn = db.conn().await?;
         conn::probe_row(conn, STALE_COUNT)
             .await
             .and_then(|row| row.try_get::<i64, _>("stale"))
             .map(count)
-            .map_err(|e| self.db.query_failed(WHAT, e))
+            .map_err(|e| db.query_failed(WHAT, e))
     }
 
     async fn apply_batch(
@@ -263,6 +269,8 @@ impl JobQueue for PgJobQueue {
         report: Report<'_, JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
         self.db
+            .lock(Work::JobQueue)
+            .await
             .batch(async |c| apply_in_tx(c, actor, limit, report).await)
             .await
     }
@@ -276,9 +284,9 @@ async fn apply_in_tx(
     limit: usize,
     report: Report<'_, JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
-    const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off, lock_reap_busy";
+    const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
     let mut tx = conn::begin(conn).await?;
-    let (handoff_id, text, busy): (Option<i64>, String, i32) = sqlx::query_as(APPLY_HANDED_OFF)
+    let (handoff_id, text): (Option<i64>, String) = sqlx::query_as(APPLY_HANDED_OFF)
         .persistent(false)
         .bind(actor)
         .bind(conn::limit_param(limit))
@@ -310,10 +318,7 @@ async fn apply_in_tx(
         )
         .await?;
     }
-    Ok(ApplyBatch::Applied {
-        n,
-        busy: u32::try_from(busy).unwrap_or(0),
-    })
+    Ok(ApplyBatch::Applied { n })
 }
 
 /// One abandoned hand-off: its report's lines written, then its deletion

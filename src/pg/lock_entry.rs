@@ -1,21 +1,20 @@
-//! Statements on `lock_entry` and `lock_expiry_outbox`, and the rows they
-//! return.
+//! Statements on `lock_entry` and the sidecar's records of it (the
+//! hand-offs, the outbox of takeovers and late releases, the shared held
+//! count), and the rows they return.
 //!
 //! Owns the statement texts (literals calling the SECURITY DEFINER functions
-//! in `migrations/`), the held count's maximum age that the idle probe's text
+//! in `sql/functions/`), the held count's maximum age that the probe's text
 //! carries, and decoding their rows by column name. It owns no
-//! transactions, retries or logging: `lock_store` runs these inside the
-//! batch transaction.
+//! transactions, retries or logging: `lock_store` runs these.
 
 use std::time::Duration;
 
 use sqlx::{FromRow, PgConnection};
-use time::OffsetDateTime;
 
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::pg::conn;
 
-/// `HELD_COUNT_MAX_AGE` in ms as a literal, so the idle probe's text
+/// `HELD_COUNT_MAX_AGE` in ms as a literal, so the probe's text
 /// (`SWEEP_PROBE`) can carry it without building SQL at run time.
 macro_rules! held_count_max_age_ms {
     () => {
@@ -34,105 +33,53 @@ macro_rules! held_count_max_age_ms {
 /// sweep periods (`SWEEP_DELAY` and a pass each; the second one when a daemon
 /// reads while another is recounting and gets the previous count rather than
 /// wait): 3 s + 2 x 1 s = 5 s on an idle fleet. The recount is a full scan,
-/// done once per interval by one daemon of the whole fleet
-/// (docs/performance.md). It lives here, beside `SWEEP_PROBE`, which carries
-/// it in its text.
+/// done once per interval by one daemon of the whole fleet.
 pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
 
-/// Deletes up to `$1` expired leases, oldest deadline first, records them in
-/// one hand-off row, and returns them as arrays in one row.
+/// One batch of the sweep: deletes up to `$1` expired leases in deadline
+/// order from `$2` (epoch ms: the newest deadline the sweep's previous
+/// batch reaped; NULL: the oldest, pre-1970 and -infinity included), rows
+/// other sessions hold skipped (`FOR UPDATE SKIP LOCKED`, so replicas split
+/// the work), records them in one hand-off row, and returns them as arrays
+/// in one row (`lock_reap_batch` in `sql/functions/`, around
+/// `lock_reap_expired`, which explains the shape: the database clock
+/// decides, rows are deleted by tuple id). The sweeper's role needs no
+/// DELETE privilege and can never delete a live lease.
 ///
-/// The statement is the SECURITY DEFINER function
-/// `lock_reap_expired_handed_off` in `migrations/`, around `lock_reap_expired`
-/// (so the sweeper's role needs no DELETE privilege and can never delete a
-/// live lease); their comments there explain the shape: the database clock
-/// decides, `FOR UPDATE SKIP LOCKED` splits work between replicas, rows are
-/// deleted by tuple id, and the batch's hand-off is written in the same call
-/// so its transaction can commit before a line is written.
-///
-/// `waiters` counts the sessions queued behind the batch's row locks when
-/// it ended (lock-server calls on its keys), so the sweep can take smaller
-/// batches while the lock server is contending with it. It is a signal,
-/// not a tally: the index reap deletes in a subtransaction, and a caller
-/// queued on it is moved to the transaction when the subtransaction ends,
-/// so one caught moving at that instant is not counted; a storm has many.
-///
-/// `$2` resumes the index scan at the deadline (epoch milliseconds) of the
-/// newest lease the previous batch of the same sweep reaped, instead of
-/// stepping again over the dead index entries the earlier batches left
-/// (quadratic in the backlog, see docs/performance.md); NULL starts from the
-/// oldest (pre-1970 and -infinity deadlines included), as the first batch of
-/// every sweep does.
+/// Resuming at `$2` spares each batch the dead index entries the earlier
+/// ones left at the head of the index, which would make a drain quadratic
+/// in its backlog; a lease passed over (held by another session when its
+/// batch ran) is reaped by the next sweep, which starts from the oldest.
 ///
 /// The `set_aside_*` arrays name leases that were NOT deleted: each failed
 /// inside the function and was set aside so the rest of the batch could be
-/// reaped (contract in migrations/20261130000100_lock_rows_never_block.sql).
-pub const REAP_EXPIRED: &str = "
+/// reaped (`lock_reap_expired`).
+pub const REAP_BATCH: &str = "
 SELECT handoff_id, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
-       set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors, waiters
-  FROM lock_reap_expired_handed_off($1, $2)";
+       set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors
+  FROM lock_reap_batch($1, $2)";
 
-/// Drains up to `$1` recorded takeovers, oldest first; overdue is measured at
-/// the moment of the steal (`lock_drain_takeovers` in `migrations/`).
+/// Drains up to `$1` recorded expiries (takeovers and late releases),
+/// oldest first, each with how it left the table; overdue is measured at
+/// that moment (`lock_drain_takeovers` in `sql/functions/`).
 pub const DRAIN_TAKEOVERS: &str = "
-SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error
+SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error, reaped_by
   FROM lock_drain_takeovers($1)";
 
-/// The backlog form of `REAP_EXPIRED`: deletes up to `$1` expired leases
-/// walking the heap from page `$2` in physical order (a TID range scan),
-/// locking each first and skipping those others hold when `$3`, for
-/// when most of the table has expired and the index order would visit pages
-/// at random (`lock_reap_walk` in `migrations/`, which explains the page
-/// budget, the ranges replicas split the heap by and the `next_page` it
-/// returns), hands them off the same way and returns them as arrays, with
-/// the deadlines as timestamps and the statement's clock (`reaped_at`), from
-/// which `walk_leases` derives both millisecond fields, and `busy`: how many
-/// other sessions were running a statement (`lock_reap_busy`). It looks only
-/// at the ranges whose number is `$5` modulo `$4` (`Ranges`).
-pub const REAP_EXPIRED_WALK: &str = "
-SELECT handoff_id, next_page, lock_keys, owner_ids, tokens, expires_at, reaped_at, waiters, busy
-  FROM lock_reap_walk($1, $2, $3, $4, $5)";
-
-/// Which of the heap's ranges a walk batch may take (`lock_reap_walk`'s
-/// stride and phase): every one, or, for one of a sweeper's two walkers,
-/// every other one, so that the two never read each other's pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ranges {
-    stride: i32,
-    phase: i32,
-}
-
-impl Ranges {
-    /// Every range: one walker.
-    pub const ALL: Ranges = Ranges {
-        stride: 1,
-        phase: 0,
-    };
-
-    /// Walker `phase` (0 or 1) of two, taking alternate ranges.
-    pub const fn every_other(phase: usize) -> Ranges {
-        Ranges {
-            stride: 2,
-            phase: (phase % 2) as i32,
-        }
-    }
-}
-
-/// What an idle sweep asks first, in one statement (`lock_sweep_probe` in
-/// `migrations/`): is any lease expired (and then, are others busy), is any
-/// takeover recorded, and the shared held count (counted at most
-/// `HELD_COUNT_MAX_AGE` ago, less what was swept since; NULL when something
-/// is expired: the sweep reads it after deleting). Sent alone with the
-/// simple protocol (`conn::probe_row`): one round trip, the argument a
-/// compile-time literal.
+/// What a sweep asks first, in one statement (`lock_sweep_probe` in
+/// `sql/functions/`): is any lease expired, is any expiry recorded, and the
+/// shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
+/// was swept since; NULL when something is expired: the sweep reads it
+/// after deleting). Sent alone with the simple protocol (`conn::probe_row`):
+/// one round trip, the argument a compile-time literal.
 pub const SWEEP_PROBE: &str = concat!(
-    "SELECT expired, takeovers, held, busy FROM lock_sweep_probe(",
+    "SELECT expired, takeovers, held FROM lock_sweep_probe(",
     held_count_max_age_ms!(),
     ")"
 );
 
 /// Leases currently held, expired-but-unswept ones included, from the count
-/// the fleet shares (`lock_held_count_get` in `migrations/`): the stored
+/// the fleet shares (`lock_held_count_get` in `sql/functions/`): the stored
 /// count less the leases every batch committed since it has swept, read in
 /// one statement, and a `count(*)` only by the one caller that finds the
 /// stored count older than `$1` ms and wins its row. Returns the count and
@@ -149,8 +96,8 @@ pub const HANDOFF_RECOVER: &str = "
 SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
   FROM lock_handoff_recover()";
 
-/// A row of `REAP_EXPIRED` or `DRAIN_TAKEOVERS`: a reaped lease (both
-/// millisecond fields set) or, with `set_aside_error`, one left in place.
+/// A row of `DRAIN_TAKEOVERS`: a recorded expiry (both millisecond fields
+/// set) or, with `set_aside_error`, one left in the record.
 #[derive(FromRow)]
 struct LeaseRow {
     lock_key: String,
@@ -159,6 +106,7 @@ struct LeaseRow {
     expired_at_millis: Option<i64>,
     overdue_millis: Option<i64>,
     set_aside_error: Option<String>,
+    reaped_by: String,
 }
 
 /// A lease the function could not reap: left in place (or in the outbox),
@@ -173,16 +121,21 @@ pub struct SetAsideLease {
     pub cause: String,
 }
 
-/// What one batch returned: the leases reaped and those set aside.
+/// What one drain returned: the leases reported and those set aside.
 #[derive(Debug, Default)]
 pub struct LeaseBatch {
     pub reaped: Vec<ExpiredLease>,
     pub set_aside: Vec<SetAsideLease>,
 }
 
-fn split(rows: Vec<LeaseRow>, reaped_by: ReapedBy) -> LeaseBatch {
+/// Splits recorded expiries into those reaped and those set aside; a
+/// `reaped_by` this build does not know is a decode error, not a lost lease.
+fn split(rows: Vec<LeaseRow>) -> Result<LeaseBatch, sqlx::Error> {
     let mut batch = LeaseBatch::default();
     for row in rows {
+        let reaped_by = ReapedBy::parse(&row.reaped_by).ok_or_else(|| {
+            sqlx::Error::Decode(format!("unknown reaped_by {:?}", row.reaped_by).into())
+        })?;
         match (
             row.set_aside_error,
             row.expired_at_millis,
@@ -207,7 +160,7 @@ fn split(rows: Vec<LeaseRow>, reaped_by: ReapedBy) -> LeaseBatch {
             }),
         }
     }
-    batch
+    Ok(batch)
 }
 
 /// A batch that was reaped and handed off in one call.
@@ -217,14 +170,9 @@ pub struct HandedOff {
     pub handoff_id: Option<i64>,
     pub leases: Vec<ExpiredLease>,
     pub set_aside: Vec<SetAsideLease>,
-    /// Sessions that waited on the batch's row locks when it ended.
-    pub waiters: u32,
-    /// Other sessions running a statement when it ended (walk batches; 0
-    /// for the index reap, which does not ask).
-    pub busy: u32,
 }
 
-/// `REAP_EXPIRED`'s one row: the batch as parallel arrays (NULL when empty).
+/// `REAP_BATCH`'s one row: the batch as parallel arrays (NULL when empty).
 #[derive(FromRow)]
 struct HandedOffRow {
     handoff_id: Option<i64>,
@@ -237,7 +185,6 @@ struct HandedOffRow {
     set_aside_owner_ids: Option<Vec<String>>,
     set_aside_tokens: Option<Vec<i64>>,
     set_aside_errors: Option<Vec<String>>,
-    waiters: i32,
 }
 
 /// Zips the arrays of one batch into leases; arrays of unequal length (which
@@ -278,12 +225,13 @@ fn zip_leases(
         .collect())
 }
 
-pub async fn reap_expired(
+/// Runs `REAP_BATCH`.
+pub async fn reap_batch(
     conn: &mut PgConnection,
     limit: usize,
     after_millis: Option<i64>,
 ) -> Result<HandedOff, sqlx::Error> {
-    let row: HandedOffRow = sqlx::query_as(REAP_EXPIRED)
+    let row: HandedOffRow = sqlx::query_as(REAP_BATCH)
         .persistent(false)
         .bind(conn::limit_param(limit))
         .bind(after_millis)
@@ -318,11 +266,10 @@ pub async fn reap_expired(
         handoff_id: row.handoff_id,
         leases,
         set_aside,
-        waiters: u32::try_from(row.waiters).unwrap_or(0),
-        busy: 0,
     })
 }
 
+/// Runs `DRAIN_TAKEOVERS`.
 pub async fn drain_takeovers(
     conn: &mut PgConnection,
     limit: usize,
@@ -332,7 +279,7 @@ pub async fn drain_takeovers(
         .bind(conn::limit_param(limit))
         .fetch_all(conn)
         .await?;
-    Ok(split(rows, ReapedBy::Takeover))
+    split(rows)
 }
 
 /// Claims hand-off `id` (`HANDOFF_CLAIM`): true when this transaction now
@@ -375,96 +322,16 @@ pub async fn handoff_recover(conn: &mut PgConnection) -> Result<Vec<ExpiredLease
         .collect())
 }
 
-/// `REAP_EXPIRED_WALK`'s one row.
-#[derive(FromRow)]
-struct WalkRow {
-    handoff_id: Option<i64>,
-    next_page: i64,
-    lock_keys: Option<Vec<String>>,
-    owner_ids: Option<Vec<String>>,
-    tokens: Option<Vec<i64>>,
-    expires_at: Option<Vec<OffsetDateTime>>,
-    reaped_at: OffsetDateTime,
-    waiters: i32,
-    busy: i32,
-}
-
-/// Milliseconds from `from` to `to`, floored (negative when `to` is
-/// earlier): `lease_overdue_millis` in `migrations/`, and with the epoch as
-/// `from`, `lease_epoch_millis`. PostgreSQL's timestamps count whole
-/// microseconds, so this is exact.
-fn floor_millis(from: OffsetDateTime, to: OffsetDateTime) -> i64 {
-    let nanos = to.unix_timestamp_nanos() - from.unix_timestamp_nanos();
-    // |nanos| < 2^72 for any two timestamps PostgreSQL stores: the quotient
-    // fits an i64.
-    nanos.div_euclid(1_000_000) as i64
-}
-
-/// Zips a walk batch's arrays into leases, both millisecond fields derived
-/// from each deadline and the statement's clock.
-fn walk_leases(row: WalkRow) -> Result<Vec<ExpiredLease>, sqlx::Error> {
-    let expires_at = row.expires_at.unwrap_or_default();
-    let reaped_at = row.reaped_at;
-    let (expired, overdue) = expires_at
-        .iter()
-        .map(|&at| {
-            (
-                floor_millis(OffsetDateTime::UNIX_EPOCH, at),
-                floor_millis(at, reaped_at),
-            )
-        })
-        .unzip();
-    zip_leases(
-        row.lock_keys,
-        row.owner_ids,
-        row.tokens,
-        Some(expired),
-        Some(overdue),
-    )
-}
-
-/// One walk batch, handed off: the leases and the page the next batch starts
-/// at (-1 once the walk has reached the end of the table).
-pub async fn reap_expired_walk(
-    conn: &mut PgConnection,
-    limit: usize,
-    from_page: i64,
-    skip_locked: bool,
-    ranges: Ranges,
-) -> Result<(HandedOff, i64), sqlx::Error> {
-    let row: WalkRow = sqlx::query_as(REAP_EXPIRED_WALK)
-        .persistent(false)
-        .bind(conn::limit_param(limit))
-        .bind(from_page)
-        .bind(skip_locked)
-        .bind(ranges.stride)
-        .bind(ranges.phase)
-        .fetch_one(conn)
-        .await?;
-    let (handoff_id, next_page) = (row.handoff_id, row.next_page);
-    let waiters = u32::try_from(row.waiters).unwrap_or(0);
-    let busy = u32::try_from(row.busy).unwrap_or(0);
-    let batch = HandedOff {
-        handoff_id,
-        leases: walk_leases(row)?,
-        set_aside: Vec::new(),
-        waiters,
-        busy,
-    };
-    Ok((batch, next_page))
-}
-
 /// `SWEEP_PROBE`'s answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
 pub struct SweepProbe {
     /// Some lease is past its deadline.
     pub expired: bool,
-    /// Some takeover is recorded and not yet drained.
+    /// Some expiry is recorded and not yet drained (a takeover, a late
+    /// release, an abandoned hand-off).
     pub takeovers: bool,
     /// The shared held count; `None` when `expired` (read after the sweep).
     pub held: Option<i64>,
-    /// Other sessions running a statement, when `expired` (else 0).
-    pub busy: i32,
 }
 
 /// Asks `SWEEP_PROBE`. Its values come as text (simple protocol), which
@@ -501,27 +368,6 @@ pub async fn held_count(
 mod tests {
     use super::*;
     use crate::sweep::SWEEP_DELAY;
-
-    /// The walk's millisecond fields floor as `lease_epoch_millis` and
-    /// `lease_overdue_millis` do, before 1970 too (the index path's
-    /// `lock_reap_expired` computes them in SQL; both paths write the same
-    /// line for the same lease).
-    #[test]
-    fn walk_millis_floor_like_the_sql() {
-        let micros = |us: i128| OffsetDateTime::from_unix_timestamp_nanos(us * 1_000).unwrap();
-        let epoch = OffsetDateTime::UNIX_EPOCH;
-        let at = micros(1_796_378_400_000_999);
-        assert_eq!(floor_millis(epoch, at), 1_796_378_400_000);
-        let before = micros(-500);
-        assert_eq!(floor_millis(epoch, before), -1, "floored, not truncated");
-        let reaped = micros(1_796_378_401_000_998);
-        assert_eq!(floor_millis(at, reaped), 999, "999.999 ms late");
-        assert_eq!(
-            floor_millis(reaped, at),
-            -1000,
-            "-999.999 ms floors to -1000"
-        );
-    }
 
     /// What docs/metrics-and-logs.md promises for `lock.held.current`: an
     /// acquisition or release is in every daemon's gauge within the max age

@@ -11,6 +11,7 @@
 //! transaction (`conn::in_tx`), the idle probes excepted (`conn::probe_row`):
 //! why, docs/decisions.md, section 12.
 
+pub mod adopt;
 pub mod catalog;
 pub mod conn;
 pub mod horizon;
@@ -18,3 +19,4 @@ pub mod job_queue;
 pub mod lock_entry;
 pub mod lock_store;
 pub mod migrate;
+pub mod sql;

@@ -5,9 +5,6 @@
 //! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
 //! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
 
-use std::time::Duration;
-
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -15,30 +12,15 @@ use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ApplyBatch, Gates, JobQueue, Reporter, StoreError};
-use crate::sweep::{Drain, FailedPasses, Hold, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
-/// Most stale jobs one apply transaction handles. The apply holds its rows
-/// for its statement, about 50 µs of server CPU a job (docs/performance.md),
-/// and shares the machine with the workers while a backlog drains: 1,000
-/// keeps a statement near 50 ms. Larger batches drain faster (100,000 stale
-/// jobs took 3.3 s in batches of 10,000 against 4.6-4.9 s in batches of
-/// 1,000 on an idle database, each batch's scan of the stale index stepping
-/// over the entries earlier batches left); the pass loops until a short
-/// batch, so a backlog still drains in one pass.
+/// Most stale jobs one apply transaction handles: the row locks it holds
+/// (a worker's heartbeat or completion of one of them waits for that
+/// transaction, which commits before the lines are written) and the report
+/// it carries. The pass loops until a short batch, so a backlog still
+/// drains in one pass; large enough that 100,000 stale jobs are reaped
+/// within 10 s beside the workers (docs/performance.md has the figures).
 pub const JOB_BATCH_SIZE: usize = 1_000;
-
-/// While workers are at work, after each full batch the reaper waits three
-/// times as long as the batch took, so a backlog drain takes at most a
-/// quarter of a database core. Reaping is about 50 µs of server CPU a job,
-/// all of it on the server the workers claim and complete on: their p99
-/// rose less with pauses three times as long than with pauses as long
-/// (docs/performance.md, the harm step). Alone on the server the reaper does
-/// not pause: nobody waits, and the backlog drains at the function's speed.
-pub const JOB_BATCH_PACE: u32 = 3;
-
-/// How long the drain stays paced after a batch last saw workers at work
-/// (each batch looks once: `Hold`).
-pub const WORKERS_HOLD: Duration = Duration::from_secs(5);
 
 /// The event name of the per-action WARN line.
 pub const JOB_LEASE_EXPIRED: &str = "job_lease_expired";
@@ -85,8 +67,6 @@ pub struct JobReaper<Q: JobQueue> {
     metrics: Metrics,
     actor: String,
     gate: GateState,
-    /// Workers were seen at work; the drain is paced while it holds.
-    workers: Hold,
 }
 
 impl<Q: JobQueue> JobReaper<Q> {
@@ -103,7 +83,6 @@ impl<Q: JobQueue> JobReaper<Q> {
             metrics,
             actor,
             gate: GateState::Unknown,
-            workers: Hold::default(),
         }
     }
 
@@ -131,7 +110,6 @@ impl<Q: JobQueue> JobReaper<Q> {
         let backend = self.queue.backend_id();
         let mut drain = Drain::new(JOB_BATCH_SIZE);
         while refusal.is_none() && drain.go_on(cancel) {
-            let started = Instant::now();
             self.note_gate(None);
             let mut report =
                 ActionReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
@@ -145,14 +123,8 @@ impl<Q: JobQueue> JobReaper<Q> {
                     refusal = Some(reason);
                     drain.stop();
                 }
-                ApplyBatch::Applied { n, busy } => {
-                    drain.took(n);
-                    let now = Instant::now();
-                    self.workers.saw(busy > 0, now, WORKERS_HOLD);
-                    drain.pace(self.pace(now));
-                }
+                ApplyBatch::Applied { n } => drain.took(n),
             }
-            drain.rest(started.elapsed(), cancel).await;
         }
         if drain.interrupted {
             outcome.interrupted = true;
@@ -178,16 +150,6 @@ impl<Q: JobQueue> JobReaper<Q> {
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
-        }
-    }
-
-    /// The pause after a full batch, as a multiple of its time: paced while
-    /// workers were seen at work in the last `WORKERS_HOLD`.
-    fn pace(&self, now: Instant) -> u32 {
-        if self.workers.holds(now) {
-            JOB_BATCH_PACE
-        } else {
-            0
         }
     }
 
@@ -364,8 +326,6 @@ mod tests {
         calls: Arc<Mutex<Vec<&'static str>>>,
         /// How many `gates` calls fail before they answer (a database down).
         down_for: Arc<Mutex<u32>>,
-        /// Other sessions at work, as every apply reports them.
-        busy: Arc<Mutex<u32>>,
     }
 
     /// The stale-lease count the stub's `stale_count` answers.
@@ -484,10 +444,7 @@ mod tests {
                 }
             };
             written(report, &actions(reset, dead))?;
-            Ok(ApplyBatch::Applied {
-                n: reset + dead,
-                busy: *self.busy.lock().unwrap(),
-            })
+            Ok(ApplyBatch::Applied { n: reset + dead })
         }
 
         async fn stale_count(&mut self) -> Result<u64, StoreError> {
@@ -678,7 +635,7 @@ mod tests {
         assert_eq!(stub.calls(), ["gates", "apply"]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn failed_passes_are_counted_as_reaps_by_the_loop() {
         let log = test_log::capture();
         let stub = Stub::default();
@@ -692,13 +649,16 @@ mod tests {
         let beat = crate::progress::Progress::new(1).beat(0);
         let task = tokio::spawn(crate::sweep::run(reaper, metrics, beat, token.clone()));
 
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while log.events("job_reap_recovered").is_empty() {
-            assert!(std::time::Instant::now() < deadline, "never recovered");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        // Paused time: each pass's delay passes at once, the order stays.
+        let waited = tokio::time::timeout(Duration::from_secs(60), async {
+            while log.events("job_reap_recovered").is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
         token.cancel();
         task.await.unwrap();
+        assert!(waited.is_ok(), "never recovered");
 
         let failed = log.events("job_reap_failed");
         assert_eq!(failed.len(), 1, "{failed:?}");
@@ -715,41 +675,15 @@ mod tests {
         ]);
     }
 
+    /// Workers at work or not, a backlog goes at the speed of its batches:
+    /// the reaper never waits because other sessions exist.
     #[tokio::test(start_paused = true)]
-    async fn beside_workers_a_backlog_pauses_after_each_full_batch() {
-        let stub = Stub::default();
-        *stub.busy.lock().unwrap() = 3;
-        let took = Duration::from_millis(40);
-        backlog(&stub, took);
-        let (mut reaper, _lines) = reaper(&stub);
-        let started = Instant::now();
-        let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
-        assert_eq!(outcome.reset, 2 * JOB_BATCH_SIZE as u64 + 7);
-        // The first batch saw the workers: after each full one a pause
-        // JOB_BATCH_PACE times as long as it took; none after the short one.
-        assert_eq!(started.elapsed(), 3 * took + 2 * JOB_BATCH_PACE * took);
-
-        // Within the hold the next pass is paced from its first batch, even
-        // if no batch sees them again; after it, not.
-        *stub.busy.lock().unwrap() = 0;
-        backlog(&stub, took);
-        let started = Instant::now();
-        reaper.reap_once(&CancellationToken::new()).await.unwrap();
-        assert_eq!(started.elapsed(), 3 * took + 2 * JOB_BATCH_PACE * took);
-        tokio::time::advance(WORKERS_HOLD).await;
-        backlog(&stub, took);
-        let started = Instant::now();
-        reaper.reap_once(&CancellationToken::new()).await.unwrap();
-        assert_eq!(started.elapsed(), 3 * took);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn alone_a_backlog_drains_without_pausing() {
+    async fn a_backlog_drains_without_pausing() {
         let stub = Stub::default();
         let took = Duration::from_millis(40);
         backlog(&stub, took);
         let (mut reaper, _lines) = reaper(&stub);
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         let outcome = reaper.reap_once(&CancellationToken::new()).await.unwrap();
         assert_eq!(outcome.reset, 2 * JOB_BATCH_SIZE as u64 + 7);
         assert_eq!(started.elapsed(), 3 * took);

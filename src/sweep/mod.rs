@@ -1,9 +1,10 @@
 //! The maintenance services (`lock_sweeper`, `job_reaper`, `horizon_check`)
-//! and the one loop, `run`, that runs each in its own task on its own
-//! connection, so none delays another. A service does one pass; `run` owns
-//! time (the delay, shutdown, the drain grace), failure lines, health
-//! metrics, StatsD flushes and `progress`; `Drain` is the batch-by-batch
-//! rule. No SQL (`store`'s seams), no signals (`shutdown`), no systemd (`notify`).
+//! and the one loop, `run`, that runs each as its own future, so none
+//! delays another (the lock sweeper on a connection of its own). A service
+//! does one pass; `run` owns time (the delay, shutdown, the drain grace),
+//! failure lines, health metrics, StatsD flushes and `progress`; `Drain` is
+//! the batch-by-batch rule. No SQL (`store`'s seams), no signals
+//! (`shutdown`), no systemd (`notify`).
 
 pub mod horizon_check;
 pub mod job_reaper;
@@ -128,73 +129,26 @@ pub async fn run<S: Service>(
 
 /// The rule for a pass that drains batch by batch: go on while batches come
 /// back full and no shutdown was asked for, so one pass drains any backlog
-/// while no transaction holds more than one batch.
+/// while no transaction holds more than one batch. A pure decision: the
+/// service does the I/O and tells it what each batch took.
 #[derive(Debug)]
 pub struct Drain {
     limit: usize,
     more: bool,
-    /// The pause after a full batch, as a multiple of the time it took.
-    pace: u32,
-    /// Past this instant the drain no longer pauses (`None`: it may pause
-    /// as long as it lasts).
-    paced_until: Option<tokio::time::Instant>,
-    /// Batches that committed.
+    /// Batches that took something.
     pub batches: u64,
     /// The drain stopped early because shutdown was requested.
     pub interrupted: bool,
 }
 
 impl Drain {
+    /// A drain whose batches ask for `limit` rows each.
     pub fn new(limit: usize) -> Self {
         Self {
             limit,
             more: true,
-            pace: 0,
-            paced_until: None,
             batches: 0,
             interrupted: false,
-        }
-    }
-
-    /// The pause after the next full batches, as a multiple of the time each
-    /// took (0: none), so a backlog takes at most 1 / (1 + `pace`) of a
-    /// database core and the workload beside it keeps the rest.
-    pub fn pace(&mut self, pace: u32) {
-        self.pace = pace;
-    }
-
-    /// Pauses only in the next `limit` (called as the drain begins: its
-    /// first `limit`), whatever `pace` says later: past it the backlog goes
-    /// at the speed of its batches, so its lines are not held back without
-    /// bound.
-    pub fn pace_for_at_most(&mut self, limit: Duration) {
-        self.paced_until = Some(tokio::time::Instant::now() + limit);
-    }
-
-    /// How long to wait before the next batch, given that the last one took
-    /// `took`: nothing when the drain is over, unpaced, or past the time it
-    /// may pause for.
-    pub fn pause_after(&self, took: Duration) -> Duration {
-        let may_pause = self
-            .paced_until
-            .is_none_or(|until| tokio::time::Instant::now() < until);
-        if self.more && may_pause {
-            took * self.pace
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    /// Waits `pause_after(took)` before the next batch, cut short by a
-    /// shutdown (the next `go_on` then ends the drain).
-    pub async fn rest(&self, took: Duration, cancel: &CancellationToken) {
-        let pause = self.pause_after(took);
-        if !pause.is_zero() {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => {}
-                () = tokio::time::sleep(pause) => {}
-            }
         }
     }
 
@@ -207,51 +161,16 @@ impl Drain {
         self.more
     }
 
-    /// The next batches ask for at most `limit` rows (a short batch is one
-    /// below the limit it was asked with).
-    pub fn limit_to(&mut self, limit: usize) {
-        self.limit = limit;
-    }
-
-    /// A batch handled `n` rows; a short one ends the drain.
-    pub fn took(&mut self, n: usize) {
-        self.took_in(n, u32::from(n > 0));
-    }
-
-    /// A call handled `n` rows in `batches` batches; a short call ends the
+    /// A batch handled `n` rows; a short one (below the limit) ends the
     /// drain.
-    pub fn took_in(&mut self, n: usize, batches: u32) {
-        self.batches += u64::from(batches);
+    pub fn took(&mut self, n: usize) {
+        self.batches += u64::from(n > 0);
         self.more = n >= self.limit;
     }
 
     /// The batches stop here whatever came back (a refusal).
     pub fn stop(&mut self) {
         self.more = false;
-    }
-}
-
-/// Something a batch saw beside the service (others at work, a caller
-/// waiting on it), kept for a while after it was last seen: a look at the
-/// neighbours is one instant and misses a light workload more often than
-/// not, so the hold, not the next sighting, keeps a drain careful while they
-/// work.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Hold {
-    until: Option<tokio::time::Instant>,
-}
-
-impl Hold {
-    /// Seen at `now` (when `seen`): held for `hold` from now.
-    pub fn saw(&mut self, seen: bool, now: tokio::time::Instant, hold: Duration) {
-        if seen {
-            self.until = Some(now + hold);
-        }
-    }
-
-    /// Still within the hold at `now`.
-    pub fn holds(&self, now: tokio::time::Instant) -> bool {
-        self.until.is_some_and(|until| now < until)
     }
 }
 
@@ -386,39 +305,31 @@ mod tests {
     }
 
     #[test]
-    fn a_paced_drain_pauses_as_long_as_a_full_batch_took_and_not_after_the_last() {
-        let took = Duration::from_millis(40);
-        let mut drain = Drain::new(1_000);
-        drain.pace(1);
-        drain.took(1_000);
-        assert_eq!(drain.pause_after(took), took);
-        drain.took(999);
-        assert_eq!(
-            drain.pause_after(took),
-            Duration::ZERO,
-            "a short batch ends it"
-        );
-
-        let mut unpaced = Drain::new(1_000);
-        unpaced.took(1_000);
-        assert_eq!(unpaced.pause_after(took), Duration::ZERO);
+    fn a_drain_goes_on_while_batches_come_back_full() {
+        let mut drain = Drain::new(10);
+        let go = CancellationToken::new();
+        assert!(drain.go_on(&go), "the first batch always runs");
+        drain.took(10);
+        assert!(drain.go_on(&go), "a full batch: more may wait");
+        drain.took(9);
+        assert!(!drain.go_on(&go), "a short batch ends it");
+        assert_eq!((drain.batches, drain.interrupted), (2, false));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_drain_paced_for_at_most_a_limit_stops_pausing_past_it() {
-        let took = Duration::from_millis(40);
-        let limit = Duration::from_secs(6);
-        let mut drain = Drain::new(1_000);
-        drain.pace(3);
-        drain.pace_for_at_most(limit);
-        drain.took(1_000);
-        tokio::time::advance(limit - Duration::from_millis(1)).await;
-        assert_eq!(drain.pause_after(took), 3 * took, "within the limit");
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(
-            drain.pause_after(took),
-            Duration::ZERO,
-            "past it, full batches go on at once"
+    #[test]
+    fn a_shutdown_ends_a_drain_between_batches() {
+        let mut drain = Drain::new(10);
+        let stop = CancellationToken::new();
+        drain.took(10);
+        stop.cancel();
+        assert!(!drain.go_on(&stop));
+        assert!(drain.interrupted);
+        let mut done = Drain::new(10);
+        done.took(3);
+        assert!(!done.go_on(&stop));
+        assert!(
+            !done.interrupted,
+            "a drain already over was not interrupted"
         );
     }
 }

@@ -3,6 +3,7 @@
 //! One folder per subject, each with its own `support` where it has helpers;
 //! what every subject uses stays in `support`.
 
+mod adopt;
 mod check;
 mod cli;
 mod daemon;

@@ -38,58 +38,62 @@ impl fmt::Display for Object {
     }
 }
 
+/// Whose an object is: the lock server's and the job queue's are theirs
+/// (adopted, or the stand-ins `migrate` created where there were none), the
+/// rest the sidecar's, which `lease-sweeper remove` takes out again.
+pub fn whose(object: Object) -> &'static str {
+    match object.name() {
+        "lock_entry" => "the lock server's",
+        "job_queue"
+        | "job_dead_letter"
+        | "queue_setting"
+        | "job_queue_lease_until_idx"
+        | "fn_queue_setting_set"
+        | "job_kind_lease"
+        | "fn_job_kind_lease_set"
+        | "fn_job_default_lease_sec" => "the job queue's",
+        _ => "the sidecar's",
+    }
+}
+
 /// The schema to find, in the order it is reported. One line per object.
 pub const EXPECTED: &[Object] = &[
-    // Lock leases (migrations/20261129000100_lock_leases.sql).
-    Object::Table("lock_session"),
+    // The lock server's table the sweep reads (its deadline index, and
+    // whether it fits, are the adoption line's).
     Object::Table("lock_entry"),
+    // The sidecar's records: takeovers and late releases, hand-offs, the
+    // shared held count.
     Object::Table("lock_expiry_outbox"),
-    Object::Index("lock_entry_expiry_idx"),
-    Object::Function("lock_acquire"),
-    Object::Function("lock_renew"),
-    Object::Function("lock_release"),
-    Object::Function("lock_reap_expired"),
-    Object::Function("lock_drain_takeovers"),
-    // Backlog walk and shared held count (migrations/20261130000300_…).
-    Object::Table("lock_held_count"),
-    Object::Function("lock_reap_expired_walk"),
-    Object::Function("lock_held_count_get"),
-    Object::Function("lock_sweep_probe"),
-    // Sweeps lower the shared count at once (migrations/20261201000100_…).
-    Object::Table("lock_held_delta"),
-    // Batches handed off before their lines are written
-    // (migrations/20261202000100_…).
     Object::Table("lock_reap_handoff"),
-    Object::Function("lock_reap_expired_handed_off"),
+    Object::Table("lock_held_count"),
+    Object::Table("lock_held_delta"),
+    // The lock sweep's calls, in the order a sweep makes them.
+    Object::Function("lock_sweep_probe"),
+    Object::Function("lock_reap_batch"),
     Object::Function("lock_handoff_claim"),
     Object::Function("lock_handoff_recover"),
-    // The backlog walk without row locks (migrations/20261204000200_…).
-    Object::Function("lock_reap_walk"),
-    Object::Function("lock_reap_busy"),
-    // Job leases (migrations/20261129000200_job_queue.sql).
+    Object::Function("lock_drain_takeovers"),
+    Object::Function("lock_held_count_get"),
+    // The job queue's, which the reaper and `gates`/`leases` use.
     Object::Table("job_queue"),
     Object::Table("job_dead_letter"),
     Object::Table("queue_setting"),
     Object::Index("job_queue_lease_until_idx"),
-    Object::Function("fn_job_reaper_gate_refusal"),
-    Object::Function("fn_job_reaper_limit_refusal"),
-    Object::Function("fn_job_reap_stale_leases_dry_run"),
-    Object::Function("fn_job_reap_stale_leases_apply"),
     Object::Function("fn_queue_setting_set"),
-    // The stale gauge alone (migrations/20261130000400_…).
-    Object::Function("fn_job_stale_lease_count"),
-    // Lease durations per kind and per job (migrations/20261201000200_…):
-    // `lease-sweeper leases` and the claim and heartbeat of workers.
     Object::Table("job_kind_lease"),
     Object::Function("fn_job_kind_lease_set"),
     Object::Function("fn_job_default_lease_sec"),
-    // Apply reports handed off before their lines are written
-    // (migrations/20261202000100_…).
+    // The reaper's: the daemon's calls, then what `jobs` runs.
     Object::Table("job_reap_handoff"),
+    Object::Function("fn_job_reaper_gate_refusal"),
+    Object::Function("fn_job_stale_lease_count"),
+    Object::Function("fn_job_reap_handoff_abandoned"),
     Object::Function("fn_job_reap_stale_leases_apply_handed_off"),
     Object::Function("fn_job_reap_handoff_claim"),
     Object::Function("fn_job_reap_handoff_recover"),
-    Object::Function("fn_job_reap_handoff_abandoned"),
+    Object::Function("fn_job_reaper_limit_refusal"),
+    Object::Function("fn_job_reap_stale_leases_dry_run"),
+    Object::Function("fn_job_reap_stale_leases_apply"),
 ];
 
 /// A privilege the daemon's role needs, and why.
@@ -104,49 +108,20 @@ pub struct Grant {
     pub why: &'static str,
 }
 
-/// What `run` does with the connecting role's rights. One line per object.
+/// What `run` does with the connecting role's rights, and nothing else. One
+/// line per object. The sweep and the reaper delete and update only through
+/// SECURITY DEFINER functions, which touch nothing but what expired: no
+/// DELETE or UPDATE on any table is needed.
 pub const GRANTS: &[Grant] = &[
-    Grant {
-        on: Object::Function("lock_held_count_get"),
-        privileges: &["EXECUTE"],
-        why: "the lock.held.current gauge reads the fleet's shared count",
-    },
-    // The sweep deletes only through these SECURITY DEFINER functions, which
-    // can delete nothing but expired rows: no DELETE on the tables is needed.
-    Grant {
-        on: Object::Function("lock_reap_expired"),
-        privileges: &["EXECUTE"],
-        why: "the sweep deletes expired leases through it",
-    },
-    Grant {
-        on: Object::Function("lock_reap_expired_walk"),
-        privileges: &["EXECUTE"],
-        why: "the sweep drains a backlog of expired leases through it",
-    },
     Grant {
         on: Object::Function("lock_sweep_probe"),
         privileges: &["EXECUTE"],
-        why: "an idle sweep asks in one statement whether there is anything to reap",
+        why: "each sweep asks first, in one statement, whether there is anything to reap",
     },
     Grant {
-        on: Object::Function("lock_drain_takeovers"),
+        on: Object::Function("lock_reap_batch"),
         privileges: &["EXECUTE"],
-        why: "the sweep drains recorded takeovers through it",
-    },
-    Grant {
-        on: Object::Function("lock_reap_expired_handed_off"),
-        privileges: &["EXECUTE"],
-        why: "the sweep deletes expired leases and records them in one call, so their row locks end before their lines are written",
-    },
-    Grant {
-        on: Object::Function("lock_reap_walk"),
-        privileges: &["EXECUTE"],
-        why: "the sweep drains a backlog the same way, walking the heap",
-    },
-    Grant {
-        on: Object::Function("lock_reap_busy"),
-        privileges: &["EXECUTE"],
-        why: "the job reaper paces a backlog while other sessions (the workers) are at work",
+        why: "the sweep deletes a batch of expired leases and records them in one call, so their row locks end before their lines are written",
     },
     Grant {
         on: Object::Function("lock_handoff_claim"),
@@ -159,18 +134,28 @@ pub const GRANTS: &[Grant] = &[
         why: "a batch another sweeper recorded but did not report is reported",
     },
     Grant {
+        on: Object::Function("lock_drain_takeovers"),
+        privileges: &["EXECUTE"],
+        why: "the sweep reports recorded takeovers and late releases through it",
+    },
+    Grant {
+        on: Object::Function("lock_held_count_get"),
+        privileges: &["EXECUTE"],
+        why: "the lock.held.current gauge reads the fleet's shared count",
+    },
+    Grant {
         on: Object::Table("queue_setting"),
         privileges: &["SELECT"],
         why: "the daemon reads the queue gates",
     },
-    // The gate check and the dry run are SECURITY INVOKER: they read with
-    // the caller's rights. The apply is SECURITY DEFINER: EXECUTE suffices.
+    // The gate check and the stale count are SECURITY INVOKER: they read
+    // with the caller's rights. The apply is SECURITY DEFINER.
     Grant {
         on: Object::Table("job_queue"),
         privileges: &[
             "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until, lease_duration_sec, lease_duration_source)",
         ],
-        why: "the dry run behind queue.lease.stale.current reads it",
+        why: "the stale count behind queue.lease.stale.current reads it",
     },
     Grant {
         on: Object::Function("fn_job_reaper_gate_refusal"),
@@ -178,24 +163,14 @@ pub const GRANTS: &[Grant] = &[
         why: "the daemon asks the gates before each apply",
     },
     Grant {
-        on: Object::Function("fn_job_reaper_limit_refusal"),
-        privileges: &["EXECUTE"],
-        why: "the dry run calls it",
-    },
-    Grant {
-        on: Object::Function("fn_job_reap_stale_leases_dry_run"),
-        privileges: &["EXECUTE"],
-        why: "lease-sweeper jobs dry-run",
-    },
-    Grant {
         on: Object::Function("fn_job_stale_lease_count"),
         privileges: &["EXECUTE"],
         why: "the queue.lease.stale.current gauge",
     },
     Grant {
-        on: Object::Function("fn_job_reap_stale_leases_apply"),
+        on: Object::Function("fn_job_reap_handoff_abandoned"),
         privileges: &["EXECUTE"],
-        why: "the daemon reaps stale job leases when the gates allow",
+        why: "each pass asks, in its first statement, whether a batch another reaper recorded waits",
     },
     Grant {
         on: Object::Function("fn_job_reap_stale_leases_apply_handed_off"),
@@ -211,10 +186,5 @@ pub const GRANTS: &[Grant] = &[
         on: Object::Function("fn_job_reap_handoff_recover"),
         privileges: &["EXECUTE"],
         why: "a batch another reaper recorded but did not report is reported",
-    },
-    Grant {
-        on: Object::Function("fn_job_reap_handoff_abandoned"),
-        privileges: &["EXECUTE"],
-        why: "each pass asks, in its first statement, whether such a batch waits",
     },
 ];

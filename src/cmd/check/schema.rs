@@ -5,7 +5,7 @@
 
 use sqlx::PgConnection;
 
-use super::inventory::{Grant, Object};
+use super::inventory::{Grant, Object, whose};
 use super::report::{LACKS, Line, MIGRATE_HINT, query_failed};
 use crate::config::Redactor;
 use crate::pg::catalog;
@@ -15,6 +15,74 @@ pub(super) const DEFINER_OWNERS: &str = "definer functions' owner";
 /// database never migrated.
 pub(super) const SCHEMA: &str = "schema";
 pub(super) const PLANTED: &str = "overloads of built-ins";
+pub(super) const LOCK_SERVER: &str = "lock server's table";
+
+/// Whose `lock_entry` is, whether it fits what the sweep reads, and whether
+/// the sidecar has adopted it; on a database not yet adopted, what
+/// `migrate` will add. No line where this role sees no `lock_entry` (the
+/// table's own line says so, or the one line of a database never migrated).
+pub(super) async fn lock_server(conn: &mut PgConnection) -> Result<Option<Line>, sqlx::Error> {
+    let Some(found) = crate::pg::adopt::describe(conn, "lock_entry").await? else {
+        return Ok(None);
+    };
+    let table = format!("{}.lock_entry, owned by {}", found.schema, found.owner);
+    let misfits = crate::pg::adopt::lock_entry_misfits(&found);
+    if !misfits.is_empty() {
+        return Ok(Some(Line::fail(
+            LOCK_SERVER,
+            format!(
+                "{table}, does not fit what the sweep reads: {}; migrate refuses it (docs/adopting.md)",
+                misfits.join("; ")
+            ),
+        )));
+    }
+    let state = catalog::adoption(conn).await?;
+    let index = state.deadline_index.as_deref().map_or(
+        ", and build lock_entry_expiry_idx CONCURRENTLY (none leads with expires_at)".to_owned(),
+        |_| String::new(),
+    );
+    Ok(Some(match state {
+        catalog::Adoption {
+            installed: false, ..
+        } => Line::fail(
+            LOCK_SERVER,
+            format!(
+                "{table}, fits; not adopted yet: `lease-sweeper migrate`, run as {} or a superuser, \
+                 will add the sidecar's records, functions, role and grants and two triggers on \
+                 lock_entry{index}, and change none of the lock server's tables, rows or history",
+                found.owner
+            ),
+        ),
+        catalog::Adoption { triggers, .. } if triggers < 2 => Line::fail(
+            LOCK_SERVER,
+            format!(
+                "{table}, adopted, but {} of the sidecar's two triggers on it are missing: takeovers \
+                 and late releases go unreported; {MIGRATE_HINT}",
+                2 - triggers
+            ),
+        ),
+        catalog::Adoption {
+            deadline_index: None,
+            ..
+        } => Line::fail(
+            LOCK_SERVER,
+            format!(
+                "{table}, adopted, but no index leads with expires_at: every sweep scans the table; {MIGRATE_HINT}"
+            ),
+        ),
+        catalog::Adoption {
+            deadline_index: Some(index),
+            ..
+        } => Line::ok(
+            LOCK_SERVER,
+            format!(
+                "{table}, fits and is adopted (deadline index {index}): its tables, rows, triggers \
+                 and history are the lock server's; the records, functions, grants and the triggers \
+                 lock_entry_takeover and lock_entry_late_release are the sidecar's"
+            ),
+        ),
+    }))
+}
 
 /// Warns when SECURITY DEFINER functions on this role's search path are
 /// owned by a superuser: whatever flaw they have would run with every right.
@@ -87,7 +155,7 @@ fn missing_detail() -> String {
     format!("missing; {MIGRATE_HINT}")
 }
 
-/// Compares the database's `_sqlx_migrations` with the migrations built in;
+/// Compares the database's `lease_sweeper_migrations` with the migrations built in;
 /// the flag is true when no migration was ever applied (no such table).
 pub(super) async fn migrations(conn: &mut PgConnection, redactor: &Redactor) -> (Line, bool) {
     const WHAT: &str = "migrations";
@@ -115,7 +183,7 @@ async fn migrations_applied(conn: &mut PgConnection, redactor: &Redactor) -> Lin
                 .is_some_and(|c| c == "42501")
             {
                 line.detail
-                    .push_str("; GRANT SELECT ON TABLE _sqlx_migrations TO <this role>");
+                    .push_str("; GRANT SELECT ON TABLE lease_sweeper_migrations TO <this role>");
             }
             return line;
         }
@@ -145,7 +213,7 @@ async fn migrations_applied(conn: &mut PgConnection, redactor: &Redactor) -> Lin
         return Line::fail(
             WHAT,
             format!(
-                "{} partially applied (success=false); fix the schema by hand, delete its row from _sqlx_migrations, then run `lease-sweeper migrate`",
+                "{} partially applied (success=false); fix the schema by hand, delete its row from lease_sweeper_migrations, then run `lease-sweeper migrate`",
                 failed.join(", ")
             ),
         );
@@ -223,7 +291,7 @@ pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Li
                         ),
                     )
                 } else {
-                    Line::ok(what, format!("{schema}.{name}"))
+                    Line::ok(what, format!("{schema}.{name}, {}", whose(object)))
                 },
             )
         }
@@ -232,7 +300,10 @@ pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Li
             Ok(if schemas.is_empty() {
                 missing(catalog::function_schemas_anywhere(conn, name).await?)
             } else {
-                Line::ok(what, format!("{}.{name}", schemas.join(",")))
+                Line::ok(
+                    what,
+                    format!("{}.{name}, {}", schemas.join(","), whose(object)),
+                )
             })
         }
     }

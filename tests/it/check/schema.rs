@@ -299,7 +299,7 @@ async fn names_missing_grants_enough_to_sweep() {
     );
     insert_expired(&mut admin, "denied-", 1, 10).await;
     let mut as_role = PgConnection::connect(&url).await.unwrap();
-    let err = lease_sweeper::testing::lock_entry::reap_expired(&mut as_role, 10, None)
+    let err = lease_sweeper::testing::lock_entry::reap_batch(&mut as_role, 10, None)
         .await
         .expect_err("the sweep needs what check asks for");
     assert_eq!(
@@ -341,7 +341,7 @@ async fn newer_migrations_warn_but_pass() {
     let statsd = StatsdCapture::start().await;
     let mut admin = db.connect().await;
     sqlx::raw_sql(
-        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+        "INSERT INTO lease_sweeper_migrations (version, description, success, checksum, execution_time)
          VALUES (99991231000000, 'from a newer binary', true, '\\x00', 1)",
     )
     .execute(&mut admin)

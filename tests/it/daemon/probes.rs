@@ -26,7 +26,6 @@ async fn sweep_probe_decodes_from_text() {
             expired: false,
             takeovers: false,
             held: Some(0),
-            busy: 0
         }
     );
     insert_expired(&mut conn, "probe-", 3, 1_000).await;
@@ -38,7 +37,6 @@ async fn sweep_probe_decodes_from_text() {
             expired: true,
             takeovers: false,
             held: None,
-            busy: 0
         }
     );
 }

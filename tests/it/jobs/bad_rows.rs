@@ -11,10 +11,9 @@
 
 use crate::jobs::support::dry_run;
 use crate::support::bad_rows::{
-    BEFORE_BAD_ROW_RULES, I64_MAX, daemon_until, daemon_with_statsd_until, error_lines, keys,
-    refused_with,
+    I64_MAX, daemon_until, daemon_with_statsd_until, error_lines, keys, refused_with,
 };
-use crate::support::{TestDb, events, exec, insert_stale_jobs, migrate_to, open_gates, run_binary};
+use crate::support::{TestDb, events, exec, insert_stale_jobs, open_gates, run_binary};
 
 /// key, old_value, new_value, actor, changed_by_role.
 type AuditRow = (String, Option<String>, Option<String>, String, String);
@@ -201,71 +200,6 @@ async fn failing_job_set_aside_others_reaped() {
     })
     .await;
     assert_eq!(keys(&lines, "job_lease_expired", "jobId"), cursed);
-}
-
-#[tokio::test]
-async fn migration_over_bad_rows_names_them_and_fix() {
-    let db = TestDb::empty().await;
-    let mut conn = db.connect().await;
-    migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;
-    let ids = insert_stale_jobs(&mut conn, "k", 3, 0, 5, 1_000).await;
-    exec(
-        &mut conn,
-        &format!(
-            "UPDATE job_queue SET attempts = 2147483647 WHERE job_id = '{}'",
-            ids[0]
-        ),
-    )
-    .await;
-    exec(
-        &mut conn,
-        &format!(
-            "UPDATE job_queue SET lease_until = '-infinity' WHERE job_id = '{}'",
-            ids[1]
-        ),
-    )
-    .await;
-    exec(
-        &mut conn,
-        "UPDATE queue_setting SET value = 'ten' WHERE key = 'queue.retry.backoff_base_sec'",
-    )
-    .await;
-
-    // Each refusal names the rows and the statement that fixes them; once
-    // that has run, the next migration names the next problem.
-    for (names, fix, run) in [
-        (
-            format!(
-                "job_queue holds 1 job(s) with an infinite lease_until, which the reaper cannot report (first 5 by job_id: {} (lease_until -infinity))",
-                ids[1]
-            ),
-            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
-            "UPDATE job_queue SET lease_until = now() WHERE NOT isfinite(lease_until)",
-        ),
-        (
-            format!(
-                "job_queue holds 1 job(s) with attempts above 1000000 (first 5 by job_id: {} (attempts 2147483647))",
-                ids[0]
-            ),
-            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
-            "UPDATE job_queue SET attempts = max_attempts WHERE attempts > 1000000",
-        ),
-        (
-            "queue_setting holds 1 ill-typed value(s): queue.retry.backoff_base_sec = 'ten'"
-                .to_owned(),
-            "fn_queue_setting_set('queue.retry.backoff_base_sec', '10'",
-            "SELECT fn_queue_setting_set('queue.retry.backoff_base_sec', '10', 'test')",
-        ),
-    ] {
-        let (code, out) = run_binary(&["migrate"], &db.url).await;
-        assert_eq!(code, Some(1), "{out}");
-        assert!(out.contains(&names), "{out}");
-        assert!(out.contains(fix), "{out}");
-        exec(&mut conn, run).await;
-    }
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
 }
 
 #[tokio::test]

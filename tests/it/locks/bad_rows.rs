@@ -9,10 +9,8 @@
 //! "Handled" cases need a row the constraints now refuse; the tests drop the
 //! constraint by hand first, as an operator (or an older schema) might have.
 
-use crate::support::bad_rows::{
-    BEFORE_BAD_ROW_RULES, I64_MAX, I64_MIN, daemon_until, error_lines, keys, refused_with,
-};
-use crate::support::{TestDb, count, events, exec, insert_expired, migrate_to, run_binary};
+use crate::support::bad_rows::{I64_MAX, I64_MIN, daemon_until, error_lines, keys, refused_with};
+use crate::support::{TestDb, count, events, exec, insert_expired};
 
 #[tokio::test]
 async fn infinite_deadlines_refused_by_named_constraints() {
@@ -232,43 +230,4 @@ async fn bad_limits_refused_with_22023() {
         .await
         .unwrap();
     assert_eq!(from_oldest, vec!["moon"]);
-}
-
-#[tokio::test]
-async fn migration_over_infinite_deadlines_names_rows_and_fix() {
-    let db = TestDb::empty().await;
-    let mut conn = db.connect().await;
-    migrate_to(&mut conn, BEFORE_BAD_ROW_RULES).await;
-    exec(&mut conn, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at)
-                     SELECT 'inf-' || i, 'o', i, CASE WHEN i % 2 = 0 THEN '-infinity' ELSE 'infinity' END::timestamptz
-                       FROM generate_series(1, 7) AS i").await;
-    insert_expired(&mut conn, "ordinary-", 3, 1_000).await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains("lock_entry holds 7 lease(s) with an infinite expires_at"),
-        "{out}"
-    );
-    assert!(
-        out.contains("'inf-1' (token 1, expires_at infinity)"),
-        "{out}"
-    );
-    assert!(
-        out.contains("UPDATE lock_entry SET expires_at = now() WHERE NOT isfinite(expires_at)"),
-        "names the fix: {out}"
-    );
-    // The fix as given, then migrate: the seven are reported as expired.
-    exec(
-        &mut conn,
-        "UPDATE lock_entry SET expires_at = now() WHERE NOT isfinite(expires_at)",
-    )
-    .await;
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    let lines = daemon_until(&db, "10 lease_expired", |l| {
-        events(l, "lease_expired").len() >= 10
-    })
-    .await;
-    assert_eq!(events(&lines, "lease_expired").len(), 10);
 }

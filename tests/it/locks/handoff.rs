@@ -7,17 +7,13 @@
 //!
 //! Stdout is blocked for real: a pipe nobody reads fills its 64 KiB buffer,
 //! as a stalled journald or log collector does. The other side of the seam
-//! (a stub store, the drain rule, the batch size while calls wait) is
-//! `sweep::lock_sweeper`'s unit tests; that a batch counts the calls waiting
-//! on it is proven here.
+//! (a stub store, the drain rule) is `sweep::lock_sweeper`'s unit
+//! tests.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use lease_sweeper::testing::job_reaper::JOB_BATCH_SIZE;
-use lease_sweeper::testing::lock_store::PgLockStore;
-use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, SMALL_BATCH_SIZE};
-use lease_sweeper::testing::store::{ExpiryStage, LockStore, Workload};
 use sqlx::PgConnection;
 
 use crate::support::{
@@ -25,9 +21,8 @@ use crate::support::{
     insert_stale_jobs, open_gates, poll, wait_until,
 };
 
-/// One whole batch, a sweep's first (a small one): its lines still fill a
-/// pipe's buffer.
-const LEASES: i64 = SMALL_BATCH_SIZE as i64;
+/// A batch whose lines fill a pipe's buffer (64 KiB) many times over.
+const LEASES: i64 = 500;
 
 /// A lock wait longer than this fails the statement (SQLSTATE 55P03): what
 /// "does not wait on the sweeper" means here.
@@ -225,88 +220,4 @@ async fn late_worker_does_not_wait_for_reap() {
     assert_eq!(reported.len(), JOBS as usize, "one line per job");
     assert_eq!(unique.len(), JOBS as usize);
     assert_eq!(handoffs(&mut conn, "job").await, 0);
-}
-
-#[tokio::test]
-async fn batch_counts_calls_that_waited() {
-    let db = TestDb::new().await;
-    let mut conn = db.connect().await;
-    insert_expired(&mut conn, "busy-", 100, 5_000).await;
-    // The reaping call stops as it records its hand-off, the batch deleted
-    // and every row still locked, until the test lets it go. (Held there,
-    // not inside the delete: the index reap deletes in a subtransaction,
-    // and a caller queued on that subtransaction is moved to the
-    // transaction when it ends, so for a moment it waits on neither.)
-    exec(
-        &mut conn,
-        "CREATE FUNCTION test_hold_handoff() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN PERFORM pg_advisory_xact_lock(4243); RETURN NEW; END $$;
-         CREATE TRIGGER test_hold_handoff BEFORE INSERT ON lock_reap_handoff FOR EACH ROW
-           EXECUTE FUNCTION test_hold_handoff();
-         SELECT pg_advisory_lock(4243);",
-    )
-    .await;
-    let reaping = tokio::spawn({
-        let target = db.target();
-        async move {
-            let mut store = PgLockStore::new(target);
-            let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
-            let mut sweep = store.begin_sweep().await?;
-            sweep
-                .reap_expired(BATCH_SIZE, Workload::Busy, &mut report)
-                .await
-        }
-    });
-    poll(Duration::from_secs(20), "the reap to stop", async || {
-        let held: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks
-              WHERE locktype = 'advisory' AND objid = 4243 AND NOT granted
-                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        (held == 1).then_some(()).ok_or(String::new())
-    })
-    .await;
-    // A lock-server call on a key of the batch queues behind it.
-    let mut caller = db.connect().await;
-    let caller_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut caller)
-        .await
-        .unwrap();
-    let acquire = tokio::spawn(async move {
-        sqlx::query_scalar::<_, Option<i64>>("SELECT lock_acquire('busy-7', 'new-holder', 60000)")
-            .fetch_one(&mut caller)
-            .await
-            .unwrap()
-    });
-    poll(Duration::from_secs(20), "the acquire to wait", async || {
-        // This test's caller, not another test's on the same cluster.
-        let queued: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted AND pid = $1",
-        )
-        .bind(caller_pid)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-        (queued == 1).then_some(()).ok_or(String::new())
-    })
-    .await;
-    exec(&mut conn, "SELECT pg_advisory_unlock(4243)").await;
-
-    let reaped = reaping.await.unwrap().expect("the reap");
-    assert_eq!(reaped.n, 100);
-    assert_eq!(reaped.waiters, 1, "the acquire waited on the batch");
-    assert!(acquire.await.unwrap().is_some(), "then took the key");
-    // Nobody waits on a batch of its own: the next one says 0.
-    insert_expired(&mut conn, "quiet-", 10, 5_000).await;
-    let mut store = PgLockStore::new(db.target());
-    let mut report = |_: &[lease_sweeper::testing::model::ExpiredLease]| Ok(());
-    let mut sweep = store.begin_sweep().await.unwrap();
-    let quiet = sweep
-        .reap_expired(BATCH_SIZE, Workload::Busy, &mut report)
-        .await
-        .unwrap();
-    assert_eq!((quiet.n, quiet.waiters), (10, 0));
 }

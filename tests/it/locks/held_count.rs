@@ -206,7 +206,7 @@ async fn never_waits_for_the_recount() {
     let count = locks::held_count(&mut conn, 60_000).await.unwrap();
     assert_eq!(count, recounted(4));
     // A sweep commits, and the lock server acquires two more.
-    let swept = locks::reap_expired(&mut conn, 10, None).await.unwrap();
+    let swept = locks::reap_batch(&mut conn, 10, None).await.unwrap();
     assert_eq!(swept.leases.len(), 1);
     live(&mut conn, "more-", 2).await;
 
@@ -352,7 +352,7 @@ async fn recount_folds_sweeps_subtracts_once() {
     // is stuck, say): its row locks and its delta row are held open.
     let mut stuck = db.connect().await;
     let mut tx = stuck.begin().await.unwrap();
-    let batch = locks::reap_expired(&mut tx, 100, None).await.unwrap();
+    let batch = locks::reap_batch(&mut tx, 100, None).await.unwrap();
     assert_eq!(batch.leases.len(), 8);
 
     // A recount and another daemon's pass meanwhile neither wait for it nor
@@ -536,8 +536,8 @@ async fn calls(conn: &mut PgConnection) -> std::collections::BTreeMap<String, i6
         "SELECT p.proname::text, coalesce(s.calls, 0)
            FROM pg_proc AS p
            LEFT JOIN pg_stat_user_functions AS s ON s.funcid = p.oid
-          WHERE p.proname IN ('lock_sweep_probe', 'lock_held_count_get', 'lock_reap_expired',
-                              'lock_reap_expired_walk', 'lock_drain_takeovers')",
+          WHERE p.proname IN ('lock_sweep_probe', 'lock_held_count_get', 'lock_reap_batch',
+                              'lock_drain_takeovers')",
     )
     .fetch_all(conn)
     .await
@@ -572,7 +572,7 @@ async fn idle_pass_is_one_probe() {
     let swept = |c: &std::collections::BTreeMap<String, i64>| {
         (
             c["lock_sweep_probe"],
-            c["lock_reap_expired"],
+            c["lock_reap_batch"],
             c["lock_held_count_get"],
         )
     };

@@ -139,9 +139,8 @@ async fn backlog_drained_in_one_sweep() {
     metrics.flush();
 
     assert_eq!(outcome.swept, n as u64);
-    // The sweep's first (small) batch by the index, then one batch each of
-    // two walkers in alternate ranges, then the rest of the first walker's.
-    assert_eq!(outcome.batches, 4);
+    // Two full batches, then the short one that ends the drain.
+    assert_eq!(outcome.batches, 3);
     assert_eq!(log.lines().len(), n as usize);
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
@@ -183,66 +182,32 @@ async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
     .await
 }
 
-/// On an idle server a backlog is walked by two walkers, each on its own
-/// connection, and its lines are written on a third while the next batches
-/// are taken; the daemon holds the two extra connections only while it
-/// drains.
+/// A backlog of several batches is drained on the sweep's one connection,
+/// beside a session running a statement as alone: full batches, each lease
+/// once, nothing left.
 #[tokio::test]
-async fn second_walker_and_writer_only_while_draining() {
+async fn backlog_on_one_connection_beside_a_busy_session() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
     let n = BATCH_SIZE as i64 * 5 / 2;
     insert_expired(&mut conn, "overlap-", n, 1_000).await;
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
-
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-
-    assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
-    assert_eq!(
-        sweeper_connections(&mut conn).await,
-        3,
-        "the second walker and the writer were used"
-    );
-
-    sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    // Closed by the client; the server's backends go a moment later.
-    crate::support::wait_until(
-        std::time::Duration::from_secs(10),
-        "an idle sweep to close the second walker and the writer",
-        || async {
-            let mut c = db.connect().await;
-            sweeper_connections(&mut c).await == 1
-        },
-    )
-    .await;
-}
-
-/// While another session of the database runs a statement, a backlog is
-/// drained paced, each batch's lines before the next: still each lease once.
-#[tokio::test]
-async fn busy_neighbour_paced_drain_each_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let n = BATCH_SIZE as i64 * 3 + 11;
-    insert_expired(&mut conn, "paced-", n, 1_000).await;
     let neighbour = BusyNeighbour::start(&db).await;
     let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
     assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
+    assert_eq!(outcome.batches, 3, "full batches, then the short one");
+    assert_eq!(sweeper_connections(&mut conn).await, 1, "one connection");
     neighbour.stop(&mut conn).await;
 }
 
-/// A lock server re-acquiring a storm's keys is at work even between its
-/// statements, where no look at the activity table sees it: a backlog
-/// beside takeovers waiting to be reported is drained the careful way, on
-/// one connection (alone on the server, `second_walker_and_writer_only_while_draining`
-/// uses three), still each lease and the takeover once.
+/// A backlog beside takeovers waiting to be reported (a lock server
+/// re-acquiring a storm's keys): each lease and the takeover once, on one
+/// connection.
 #[tokio::test]
-async fn waiting_takeovers_make_the_drain_careful() {
+async fn backlog_beside_waiting_takeovers_each_once() {
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -263,11 +228,7 @@ async fn waiting_takeovers_make_the_drain_careful() {
         (n as u64 - 1, 1),
         "every other lease swept, the stolen one reported as taken over"
     );
-    assert_eq!(
-        sweeper_connections(&mut conn).await,
-        1,
-        "no second walker and no writer: the drain went the careful way"
-    );
+    assert_eq!(sweeper_connections(&mut conn).await, 1, "one connection");
     let lines = log.lines();
     let reported: HashSet<(String, String)> = events(&lines, "lease_expired")
         .into_iter()

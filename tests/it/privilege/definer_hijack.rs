@@ -73,10 +73,11 @@ async fn assert_reaps_only_what_expired(
     admin: &mut PgConnection,
     live: i64,
 ) {
-    let reaped: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_reap_expired(100)")
-        .fetch_all(&mut *low)
-        .await
-        .unwrap();
+    let reaped: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_batch(100)")
+            .fetch_all(&mut *low)
+            .await
+            .unwrap();
     assert_eq!(reaped, vec!["expired1"]);
     let drained: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_drain_takeovers(100)")
         .fetch_all(&mut *low)

@@ -370,10 +370,11 @@ async fn reaps_only_expired_leases() {
     .await;
     assert_denied(&mut low, "SELECT 1 FROM lock_entry FOR KEY SHARE").await;
     // What it can do: reap what expired, through the definer function.
-    let reaped: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_reap_expired(100)")
-        .fetch_all(&mut low)
-        .await
-        .unwrap();
+    let reaped: Vec<String> =
+        sqlx::query_scalar("SELECT unnest(lock_keys) FROM lock_reap_batch(100)")
+            .fetch_all(&mut low)
+            .await
+            .unwrap();
     assert_eq!(reaped.len(), 3, "{reaped:?}");
     assert!(reaped.iter().all(|k| k.starts_with("expired-")));
     let left: Vec<(String, i64)> = sqlx::query_as("SELECT lock_key, token FROM lock_entry")

@@ -10,10 +10,6 @@ use sqlx::PgConnection;
 
 use crate::support::{Daemon, StatsdCapture, TestDb, events, wait_until};
 
-/// The last migration before the bad-row rules (constraints, total
-/// encodings, set-aside rows) of 20261130000100 and 20261130000110.
-pub const BEFORE_BAD_ROW_RULES: i64 = 20261129000300;
-
 /// How an infinite deadline is reported: a `-infinity` deadline's
 /// `expiredAtMillis` and its `overdueMillis` saturate at i64's bounds.
 pub const I64_MIN: &str = "-9223372036854775808";

@@ -61,21 +61,33 @@ fn admin_url() -> &'static str {
 }
 
 /// FNV-1a (64 bits) over every bundled migration's version and checksum
-/// (itself a SHA-384 of its SQL), in hex: the same for the same migrations in
-/// every process and build, different as soon as one changes.
+/// (itself a SHA-384 of its SQL) and every SQL file `migrate` runs, in hex:
+/// the same for the same schema in every process and build, different as
+/// soon as any of it changes.
 fn migrations_hash() -> String {
+    use lease_sweeper::testing::sql;
     const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const FNV_PRIME: u64 = 0x0100_0000_01b3;
     let mut hash = FNV_OFFSET;
-    for migration in lease_sweeper::testing::migrate::MIGRATOR.iter() {
-        for byte in migration
-            .version
-            .to_le_bytes()
-            .iter()
-            .chain(migration.checksum.iter())
-        {
+    let mut fold = |bytes: &[u8]| {
+        for byte in bytes {
             hash = (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME);
         }
+    };
+    for migration in lease_sweeper::testing::migrate::MIGRATOR.iter() {
+        fold(&migration.version.to_le_bytes());
+        fold(&migration.checksum);
+    }
+    for text in [
+        sql::LOCK_SERVER,
+        sql::JOB_SUBSTRATE,
+        sql::LOCK_ENTRY_HOOKS,
+        sql::PIN_SEARCH_PATH,
+    ] {
+        fold(text.as_bytes());
+    }
+    for (_, text) in sql::FUNCTIONS {
+        fold(text.as_bytes());
     }
     format!("{hash:016x}")
 }
@@ -368,15 +380,6 @@ impl JobQueueBlock {
             .await
             .expect("releasing job_queue");
     }
-}
-
-/// Applies the bundled migrations up to and including `version` only, so a
-/// test can plant rows an older schema admitted before migrating the rest.
-pub async fn migrate_to(conn: &mut PgConnection, version: i64) {
-    lease_sweeper::testing::migrate::MIGRATOR
-        .run_to(version, conn)
-        .await
-        .expect("migrations up to the given version apply");
 }
 
 /// Runs `sql`, which must fail, and asserts its SQLSTATE is `code`.
