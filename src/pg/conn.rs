@@ -394,7 +394,7 @@ fn login_hint(walk: &WalkError) -> &'static str {
 
 /// Rows whose lines are formatted and written between two yields to the
 /// runtime (`report_in_chunks`): about 0.4 ms of work, the longest a batch's
-/// lines hold up a statement on another connection.
+/// lines hold up another service's statement.
 const REPORT_CHUNK: usize = 500;
 
 /// Opens a batch's transaction, guarded like every other (`BEGIN_GUARDED`).
@@ -421,10 +421,9 @@ pub async fn report_then_commit<T>(
 }
 
 /// Reports `rows` `REPORT_CHUNK` at a time, yielding to the runtime between
-/// chunks. The runtime has one thread: without the yields, a statement on
-/// another connection (the next batch of an overlapped drain) waits for all
-/// of a batch's lines before its next round trip (3-5 ms a batch of 5,000 in
-/// a drain's statement log, between a walk's Parse and its Bind).
+/// chunks. The runtime has one thread: without the yields, a statement of
+/// another service (the job reaper's, the horizon check's) waits for all of
+/// a batch's lines before its next round trip.
 async fn report_in_chunks<T>(rows: &[T], report: Report<'_, T>) -> std::io::Result<()> {
     for (i, chunk) in rows.chunks(REPORT_CHUNK).enumerate() {
         if i > 0 {
@@ -577,61 +576,4 @@ fn tls_word(cause: &str) -> Option<&'static str> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Another future on the one-thread runtime (the next batch's statement,
-    /// in the daemon) runs while a batch's lines are written, not only after
-    /// all of them; every row is reported once, in order.
-    #[tokio::test(flavor = "current_thread")]
-    async fn other_work_runs_between_chunks_of_a_batch() {
-        let rows: Vec<usize> = (0..REPORT_CHUNK * 2 + 7).collect();
-        let ticks = std::sync::atomic::AtomicUsize::new(0);
-        let mut seen: Vec<(usize, usize)> = Vec::new();
-        let mut reported = Vec::new();
-        let mut report = |chunk: &[usize]| {
-            seen.push((chunk.len(), ticks.load(std::sync::atomic::Ordering::SeqCst)));
-            reported.extend_from_slice(chunk);
-            Ok(())
-        };
-        let other = async {
-            for _ in 0..3 {
-                ticks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::task::yield_now().await;
-            }
-        };
-        let (written, ()) = tokio::join!(report_in_chunks(&rows, &mut report), other);
-        written.unwrap();
-        assert_eq!(reported, rows);
-        let sizes: Vec<usize> = seen.iter().map(|&(n, _)| n).collect();
-        assert_eq!(sizes, [REPORT_CHUNK, REPORT_CHUNK, 7]);
-        let at: Vec<usize> = seen.iter().map(|&(_, t)| t).collect();
-        assert!(
-            at[0] < at[2],
-            "the other future ran before the last chunk: {at:?}"
-        );
-    }
-
-    #[test]
-    fn topology_failures_get_one_clear_word() {
-        let protocol = describe(&sqlx::Error::Protocol("unexpected DataRow".into()));
-        assert!(protocol.starts_with("protocol error: "), "{protocol}");
-        assert!(protocol.contains("connection pooler"), "{protocol}");
-        let tls = |text: &str| describe(&sqlx::Error::Io(std::io::Error::other(text.to_owned())));
-        assert!(
-            tls("invalid peer certificate: UnknownIssuer").starts_with("TLS failure: unknown CA")
-        );
-        assert!(
-            tls("invalid peer certificate: certificate not valid for name \"db\"")
-                .starts_with("TLS failure: host name mismatch")
-        );
-        assert!(
-            tls("invalid peer certificate: Expired")
-                .starts_with("TLS failure: the server's certificate is expired")
-        );
-        assert_eq!(
-            tls("Connection refused (os error 111)"),
-            "error communicating with database: Connection refused (os error 111)"
-        );
-    }
-}
+mod tests;

@@ -152,7 +152,7 @@ fn sql_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> MigrateErr
 /// validated at creation (`check_function_bodies = off`, as pg_dump restores
 /// do), so their order does not matter.
 pub async fn migrate(conn: &mut PgConnection) -> Result<Installed, MigrateError> {
-    let planted: Option<String> = sqlx::query_scalar(PLANTED_OVERLOADS)
+    let planted: Option<String> = sqlx::query_scalar(crate::pg::catalog::PLANTED_OVERLOADS)
         .fetch_one(&mut *conn)
         .await
         .map_err(sql_failed("looking for planted overloads"))?;
@@ -561,41 +561,6 @@ pub async fn remove(conn: &mut PgConnection) -> Result<u32, MigrateError> {
         other => other,
     })
 }
-
-/// Functions and operators on the search path, outside pg_catalog, that
-/// share a name with a built-in and are owned by a role that is neither a
-/// superuser nor the current one; NULL when there is none. Every name here
-/// is qualified and every operand exactly typed, so nothing it finds can
-/// run while it looks.
-pub const PLANTED_OVERLOADS: &str = "
-SELECT pg_catalog.string_agg(x.what, '; ' ORDER BY x.what)
-  FROM (SELECT pg_catalog.format('function %I.%I(%s) owned by %I', n.nspname, p.proname,
-                                 pg_catalog.pg_get_function_identity_arguments(p.oid),
-                                 pg_catalog.pg_get_userbyid(p.proowner)) AS what
-          FROM pg_catalog.pg_proc AS p
-          JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-          JOIN pg_catalog.pg_roles AS o ON o.oid OPERATOR(pg_catalog.=) p.proowner
-         WHERE n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
-           AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name
-           AND NOT o.rolsuper
-           AND o.rolname OPERATOR(pg_catalog.<>) CURRENT_USER
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS b
-                        WHERE b.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
-                          AND b.proname OPERATOR(pg_catalog.=) p.proname)
-        UNION ALL
-        SELECT pg_catalog.format('operator %I.%s(%s, %s) owned by %I', n.nspname, op.oprname,
-                                 pg_catalog.format_type(op.oprleft, NULL), pg_catalog.format_type(op.oprright, NULL),
-                                 pg_catalog.pg_get_userbyid(op.oprowner))
-          FROM pg_catalog.pg_operator AS op
-          JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) op.oprnamespace
-          JOIN pg_catalog.pg_roles AS o ON o.oid OPERATOR(pg_catalog.=) op.oprowner
-         WHERE n.nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(false))
-           AND n.nspname OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.name
-           AND NOT o.rolsuper
-           AND o.rolname OPERATOR(pg_catalog.<>) CURRENT_USER
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_operator AS b
-                        WHERE b.oprnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
-                          AND b.oprname OPERATOR(pg_catalog.=) op.oprname)) AS x";
 
 #[cfg(test)]
 mod tests {

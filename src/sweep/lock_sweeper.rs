@@ -10,8 +10,9 @@
 //!   `LockStore` with its `Probe` and `Batch`, `PgLockStore`;
 //! - constants: `BATCH_SIZE`, `SWEEP_DELAY`, `HELD_COUNT_MAX_AGE`;
 //! - SQL functions on the path: `lock_sweep_probe`, `lock_reap_batch` (and
-//!   the `lock_reap_expired` it calls), `lock_handoff_claim`,
-//!   `lock_handoff_recover`, `lock_drain_takeovers`, `lock_held_count_get`;
+//!   the `lock_reap_expired` and `lock_reap_expired_fast` it calls),
+//!   `lock_handoff_claim`, `lock_handoff_recover`, `lock_drain_takeovers`,
+//!   `lock_held_count_get`: 19 in all;
 //! - one connection, one batch shape: delete up to `BATCH_SIZE` rows in
 //!   deadline order, skipping rows others hold, commit them with their
 //!   hand-off, write their lines, clear the hand-off.
@@ -194,10 +195,8 @@ impl Reporter<ExpiredLease> for LeaseReporter<'_> {
 
     /// Counts the leases written since the last commit, records their
     /// lateness and sends both at once. As each batch commits, not when the
-    /// call returns: a call that commits two batches (two walkers') must not
-    /// hold the first one's count while the second is written, and a long
-    /// drain must not hold committed counts until it ends; a crash would
-    /// lose them.
+    /// sweep ends: a long drain must not hold committed counts until it
+    /// ends, where a crash would lose them.
     fn committed(&mut self) {
         let n = self.lateness.count();
         if n > 0 {

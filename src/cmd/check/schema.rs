@@ -118,7 +118,7 @@ pub(super) async fn definer_owners(conn: &mut PgConnection) -> Result<Line, sqlx
 /// Fails when a schema on the search path holds an overload of a built-in
 /// owned by a role that is neither a superuser nor this one: it can win over
 /// the built-in in an unqualified call (CVE-2018-1058). `migrate` refuses
-/// to run then (`pg::migrate::PLANTED_OVERLOADS`, the same statement).
+/// to run then (`pg::catalog::PLANTED_OVERLOADS`, the same statement).
 pub(super) async fn planted_overloads(conn: &mut PgConnection) -> Result<Line, sqlx::Error> {
     Ok(match catalog::planted_overloads(conn).await? {
         None => Line::ok(PLANTED, "none owned by another role on the search path"),

@@ -613,3 +613,179 @@ async fn remove_leaves_the_lock_server_as_it_was() {
         "{out}"
     );
 }
+
+/// A database an earlier build migrated and swept upgrades in place: one
+/// `migrate`, then every expiry it left (unswept leases, a recorded
+/// takeover, abandoned hand-offs of both row shapes that build wrote) is
+/// reported once, its history table is gone, and a second `migrate` has
+/// nothing to do.
+#[tokio::test]
+async fn earlier_build_database_upgrades_in_place_losing_nothing() {
+    let db = TestDb::empty().await;
+    let mut restore = db.connect().await;
+    sqlx::raw_sql(include_str!("earlier_build.sql"))
+        .execute(&mut restore)
+        .await
+        .expect("the earlier build's dump restores");
+    drop(restore);
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    assert_eq!(
+        events(&lines, "migrated")[0]["migrationsApplied"],
+        "1",
+        "{out}"
+    );
+    let mut admin = db.connect().await;
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_class WHERE relname = '_sqlx_migrations'"
+        )
+        .await,
+        0
+    );
+
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
+    daemon
+        .wait_for_events("lease_expired", 9, Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (_, lines) = daemon.stop().await;
+    let reported: Vec<(String, String, String)> = {
+        let mut r: Vec<_> = events(&lines, "lease_expired")
+            .into_iter()
+            .map(|f| {
+                (
+                    f["lockKey"].clone(),
+                    f["token"].clone(),
+                    f["reapedBy"].clone(),
+                )
+            })
+            .collect();
+        r.sort();
+        r
+    };
+    let mut expected: Vec<(String, String, String)> = (1..=5)
+        .map(|i| {
+            (
+                format!("earlier-expired-{i}"),
+                (100 + i).to_string(),
+                "sweep".to_owned(),
+            )
+        })
+        .chain([
+            (
+                "earlier-handed-1".to_owned(),
+                "400".to_owned(),
+                "sweep".to_owned(),
+            ),
+            (
+                "earlier-taken".to_owned(),
+                "300".to_owned(),
+                "takeover".to_owned(),
+            ),
+            (
+                "earlier-walked-1".to_owned(),
+                "500".to_owned(),
+                "sweep".to_owned(),
+            ),
+            (
+                "earlier-walked-2".to_owned(),
+                "501".to_owned(),
+                "sweep".to_owned(),
+            ),
+        ])
+        .collect();
+    expected.sort();
+    assert_eq!(reported, expected, "each once");
+    let walked = events(&lines, "lease_expired")
+        .into_iter()
+        .find(|f| f["lockKey"] == "earlier-walked-1")
+        .unwrap();
+    assert_eq!(
+        walked["overdueMillis"], "2500",
+        "the older row shape's lateness kept"
+    );
+    assert_eq!(
+        count(&mut admin, "SELECT count(*) FROM lock_entry").await,
+        3,
+        "the live leases stay"
+    );
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    let again = &events(&lines, "migrated")[0];
+    assert_eq!(
+        (
+            again["migrationsApplied"].as_str(),
+            again["functionsApplied"].as_str(),
+            again["triggersApplied"].as_str()
+        ),
+        ("0", "0", "false"),
+        "{out}"
+    );
+}
+
+/// `check` on a lock server's database not yet adopted says whose
+/// lock_entry is and what `migrate` will add.
+#[tokio::test]
+async fn check_before_adoption_says_what_migrate_will_add() {
+    let (db, owner, _ls) = lock_server_database(None).await;
+    let statsd = StatsdCapture::start().await;
+    let report = lease_sweeper::testing::check::preflight(&db.target(), &statsd.target()).await;
+    let line = report
+        .lines
+        .iter()
+        .find(|l| l.what == "lock server's table")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(line.failed(), "{report}");
+    assert!(
+        line.detail.starts_with(&format!("public.lock_entry, owned by {}, fits; not adopted yet: `lease-sweeper migrate`, run as {} or a superuser, will add", owner.role, owner.role)),
+        "{report}"
+    );
+    assert!(
+        line.detail
+            .contains("change none of the lock server's tables, rows or history"),
+        "{report}"
+    );
+}
+
+/// A job queue that lacks a column the reaper needs is refused by name,
+/// nothing changed.
+#[tokio::test]
+async fn job_queue_missing_a_column_refused() {
+    let (db, _owner, _ls) = lock_server_database(None).await;
+    let mut admin = db.connect().await;
+    exec(
+        &mut admin,
+        "CREATE TABLE job_queue (job_id uuid PRIMARY KEY, job_kind text, payload jsonb, state text,
+                                 attempts integer, max_attempts integer, scheduled_at timestamptz,
+                                 lease_owner text, last_error text)",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("refusing to adopt public.job_queue, nothing was changed"),
+        "{out}"
+    );
+    assert!(
+        out.contains("no column lease_until (the lease's deadline)"),
+        "{out}"
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_class WHERE relname = 'lease_sweeper_sql'"
+        )
+        .await,
+        0
+    );
+}

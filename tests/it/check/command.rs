@@ -135,7 +135,7 @@ async fn help_sample_counts_what_check_runs() {
         verdict.starts_with(&expected),
         "{verdict} vs {expected}:\n{report}"
     );
-    let fix = "update the OUTPUT sample of CHECK_HELP in src/cli.rs (then refresh man/: \
+    let fix = "update the OUTPUT sample of CHECK_HEAD in src/cli/pages.rs (then refresh man/: \
                LEASE_SWEEPER_WRITE_MAN=1 cargo test --test it cli::man::)";
     assert!(
         help.contains(&format!("migrations: {migrations}\n")),

@@ -2,6 +2,7 @@
 //! libpq's variables and defaults, PgBouncer in front, and TLS with
 //! `verify-full`. Each starts what it needs beside the shared cluster.
 
+mod connections;
 mod failover;
 mod libpq;
 mod pgbouncer;

@@ -323,9 +323,9 @@ async fn session_mode_runs_migrate_check_daemons() {
     let mut conn = db.connect().await;
     let (server, server_port, user) = server_of(&db.url);
     // Session pooling pins each client connection to a server connection for
-    // its life: every daemon holds three (lock sweep, job reaper, horizon
-    // check).
-    let bouncer = Bouncer::start(&server, server_port, &db.name, &user, "session", 6).await;
+    // its life: every daemon holds two (the lock sweep's; the job reaper's
+    // and horizon check's), so two daemons fit a pool of four.
+    let bouncer = Bouncer::start(&server, server_port, &db.name, &user, "session", 4).await;
     let url = format!("postgres://{user}@127.0.0.1:{}/{}", bouncer.port, db.name);
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
