@@ -165,7 +165,9 @@ docker run --rm "${SANDBOX[@]}" --entrypoint /lease-sweeper \
     -e LOCKDB_URL="$SWEEPER_URL" -e STATSD_HOST=127.0.0.1 -e STATSD_PORT="$STATSD_PORT" \
     "$IMAGE" check >"$WORK/check.log" 2>&1 && code=0 || code=$?
 expect "check exit status" "$code" 0
-expect "check verdict" "$(grep -c '^check passed: all' "$WORK/check.log")" 1
+# A pass may carry warnings (a superuser owning the definers, no
+# pg_read_all_stats): the verdict line starts the same either way.
+expect "check verdict" "$(grep -c '^check passed' "$WORK/check.log")" 1
 [ "$code" = 0 ] || cat "$WORK/check.log"
 
 # ---- 6. run, sweep, stop ---------------------------------------------------------------

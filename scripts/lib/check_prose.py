@@ -11,7 +11,7 @@ Owns the checks that need no database and no build, each finding printed as
              another project's; a crate's README may cite its own files from
              the crate's root) or a relative Markdown link that names nothing
              in the tree, in README.md, docs/*.md, crates/*/README.md,
-             src/cli.rs, systemd/, deploy/ (YAML, mtail, the dashboard's
+             src/cli.rs, src/cli/pages.rs, systemd/, deploy/ (YAML, mtail, the dashboard's
              JSON), man/ and the `//!` docs of src/; a `#anchor` that names no
              heading of the linked page;
   names      `module::name` in README.md or docs/*.md, where `module` is a
@@ -33,7 +33,7 @@ Owns the checks that need no database and no build, each finding printed as
              `info!`/`warn!`/`error!`/`debug!`/`trace!` call, and the signal
              lines `output/events.rs` writes with `push_head`) that
              docs/metrics-and-logs.md does not mention;
-  samples    a sample of `check` output (in src/cli.rs, README.md, docs/)
+  samples    a sample of `check` output (in src/cli/pages.rs, README.md, docs/)
              whose migration count or latest migration differs from
              migrations/, or whose number of checks differs from the one in
              `check --help` (itself compared with a real run of `check` by
@@ -206,16 +206,21 @@ def anchors(path):
     return _anchors[path]
 
 
+# The command line and its help pages.
+CLI_FILES = [ROOT / "src" / "cli.rs", ROOT / "src" / "cli" / "pages.rs"]
+
+
 def cited_texts():
     """Every file whose words cite the tree, as (file, [(line number, text)],
-    markdown?): README.md and docs/*.md, src/cli.rs (the help), the crates'
+    markdown?): README.md and docs/*.md, src/cli.rs and src/cli/pages.rs (the help), the crates'
     READMEs, the systemd unit and env file, deploy/ (the YAML, the mtail
     program and the dashboard's JSON, whose descriptions and comments name
     docs and paths), the man pages (roff escapes undone) and the `//!` docs of
     every module of src/."""
     out = [(f, list(enumerate(read(f).splitlines(), 1)), True)
            for f in prose_files() + sorted(ROOT.glob("crates/*/README.md"))]
-    out.append((ROOT / "src" / "cli.rs", list(enumerate(read(ROOT / "src" / "cli.rs").splitlines(), 1)), False))
+    for help_file in CLI_FILES:
+        out.append((help_file, list(enumerate(read(help_file).splitlines(), 1)), False))
     for top in ("systemd", "deploy"):
         for p in sorted(tracked(top)):
             f = ROOT / p
@@ -607,9 +612,9 @@ CHECKS_RE = re.compile(r"(?:of|all) (\d+) checks\b")
 def check_samples():
     ups = sorted(p.name for p in (ROOT / "migrations").glob("*.sql") if not p.name.endswith(".down.sql"))
     count, latest = len(ups), ups[-1].split("_", 1)[0] if ups else ""
-    cli = ROOT / "src" / "cli.rs"
+    cli = ROOT / "src" / "cli" / "pages.rs"
     helped = [int(n) for n in CHECKS_RE.findall(read(cli))]
-    files = [cli] + prose_files()
+    files = CLI_FILES + prose_files()
     for f in files:
         for no, line in enumerate(read(f).splitlines(), 1):
             for m in APPLIED_RE.finditer(line):
@@ -617,7 +622,7 @@ def check_samples():
                 if (n, t) != (count, latest):
                     find(rel(f), no, f"shows `all {n} applied (latest {t})`, but migrations/ holds {count}, the latest {latest}",
                          f"write `all {count} applied (latest {latest})`")
-            if f == cli or not helped:
+            if f in CLI_FILES or not helped:
                 continue
             for m in CHECKS_RE.finditer(line):
                 if int(m.group(1)) != helped[0]:
