@@ -393,8 +393,8 @@ fn login_hint(walk: &WalkError) -> &'static str {
 }
 
 /// Rows whose lines are formatted and written between two yields to the
-/// runtime (`report_in_chunks`): about 0.4 ms of work, the longest a batch's
-/// lines hold up another service's statement.
+/// runtime (`report_in_chunks`): a batch's lines hold up another service's
+/// statement for one chunk at most, never for the whole batch.
 const REPORT_CHUNK: usize = 500;
 
 /// Opens a batch's transaction, guarded like every other (`BEGIN_GUARDED`).

@@ -192,33 +192,10 @@ async fn judge(
     conn: &mut PgConnection,
 ) -> Result<(), MigrateError> {
     if let Some(found) = lock_entry {
-        let misfits = adopt::lock_entry_misfits(found);
-        if !misfits.is_empty() {
-            return Err(MigrateError::Unfit {
-                schema: found.schema.clone(),
-                table: "lock_entry",
-                misfits,
-            });
-        }
-        if !found.may_alter {
-            return Err(MigrateError::NotOwner(adopt::not_owner(
-                "lock_entry",
-                found,
-            )));
-        }
+        fits("lock_entry", found, adopt::lock_entry_misfits(found))?;
     }
     if let Some(found) = job_queue {
-        let misfits = adopt::job_queue_misfits(found);
-        if !misfits.is_empty() {
-            return Err(MigrateError::Unfit {
-                schema: found.schema.clone(),
-                table: "job_queue",
-                misfits,
-            });
-        }
-        if !found.may_alter {
-            return Err(MigrateError::NotOwner(adopt::not_owner("job_queue", found)));
-        }
+        fits("job_queue", found, adopt::job_queue_misfits(found))?;
         for piece in JOB_PIECES {
             let there: bool = sqlx::query_scalar(piece.exists)
                 .fetch_one(&mut *conn)
@@ -228,6 +205,26 @@ async fn judge(
                 return Err(MigrateError::JobPieceMissing(piece.name));
             }
         }
+    }
+    Ok(())
+}
+
+/// `table` as found may be adopted: it has no `misfits` and this role may
+/// alter it.
+fn fits(
+    table: &'static str,
+    found: &adopt::Found,
+    misfits: Vec<String>,
+) -> Result<(), MigrateError> {
+    if !misfits.is_empty() {
+        return Err(MigrateError::Unfit {
+            schema: found.schema.clone(),
+            table,
+            misfits,
+        });
+    }
+    if !found.may_alter {
+        return Err(MigrateError::NotOwner(adopt::not_owner(table, found)));
     }
     Ok(())
 }

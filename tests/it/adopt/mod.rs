@@ -237,6 +237,20 @@ async fn lock_server_state(conn: &mut PgConnection) -> Vec<(String, String)> {
     state
 }
 
+/// Each `lease_expired` line as (lockKey, token, reapedBy).
+fn reported(lines: &[String]) -> Vec<(String, String, String)> {
+    events(lines, "lease_expired")
+        .into_iter()
+        .map(|f| {
+            (
+                f["lockKey"].clone(),
+                f["token"].clone(),
+                f["reapedBy"].clone(),
+            )
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -378,16 +392,7 @@ async fn adopted_lock_server_statements_each_expiry_once() {
     assert_eq!(failed, 0, "no lock server call failed beside the daemon");
 
     let expired = events(&lines, "lease_expired");
-    let reported: HashSet<(String, String, String)> = expired
-        .iter()
-        .map(|f| {
-            (
-                f["lockKey"].clone(),
-                f["token"].clone(),
-                f["reapedBy"].clone(),
-            )
-        })
-        .collect();
+    let reported: HashSet<(String, String, String)> = reported(&lines).into_iter().collect();
     let mut expected = HashSet::new();
     for (tokens, by) in [(&died, "sweep"), (&taken, "takeover"), (&late, "release")] {
         for (key, token) in tokens {
@@ -655,20 +660,8 @@ async fn earlier_build_database_upgrades_in_place_losing_nothing() {
         .await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (_, lines) = daemon.stop().await;
-    let reported: Vec<(String, String, String)> = {
-        let mut r: Vec<_> = events(&lines, "lease_expired")
-            .into_iter()
-            .map(|f| {
-                (
-                    f["lockKey"].clone(),
-                    f["token"].clone(),
-                    f["reapedBy"].clone(),
-                )
-            })
-            .collect();
-        r.sort();
-        r
-    };
+    let mut reported = reported(&lines);
+    reported.sort();
     let mut expected: Vec<(String, String, String)> = (1..=5)
         .map(|i| {
             (
