@@ -31,13 +31,13 @@ use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{LockStore, Reporter, StoreError};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
-/// Most leases one batch deletes: the row locks one short transaction holds
-/// (a lock-server call on one of their keys waits for that transaction, and
-/// no longer: the lines are written after it commits), the lines buffered
-/// before its hand-off is claimed, and a drain's memory. Large enough that a
-/// 200,000-lease storm is reported within 10 s; docs/performance.md has the
-/// figures behind the choice.
-pub const BATCH_SIZE: usize = 5_000;
+/// Most leases one batch deletes: its transaction holds their row locks,
+/// and a lock-server call on one of their keys (a storm's callers
+/// re-acquire exactly those keys) waits for it, so a batch is kept to a
+/// few milliseconds of work; the lines are written after it commits. Large
+/// enough that a 200,000-lease storm is still reported within 10 s;
+/// docs/performance.md has the figures behind the choice.
+pub const BATCH_SIZE: usize = 1_000;
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use crate::support::{
 };
 use crate::topology::support::{Bouncer, assert_each_once, lease_keys, server_of};
 
-/// The backlog: four full batches.
+/// The backlog: many full batches.
 const BACKLOG: i64 = 20_000;
 
 /// Runs a daemon on `url` until it reported the backlog; its lines and how
