@@ -19,6 +19,9 @@
 #           the resumable reap)
 #   function_resume  the product as the daemon calls it now:
 #           lock_reap_expired($1, <newest deadline of the previous batch>)
+#   The walk shapes below call functions only a database migrated by an
+#   earlier build has (the sweep is one batch shape since): run them with
+#   --bin of such a build.
 #   walk    the backlog walk without a hand-off: lock_reap_expired_walk($1,
 #           <page it returned last>) (migration 20261204000100), the page
 #           carried through a setting
