@@ -23,11 +23,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
-# Only what the binary is built from (migrations are embedded at compile time).
+# Only what the binary is built from (migrations/ and sql/ are embedded at
+# compile time).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
 COPY migrations ./migrations
+COPY sql ./sql
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin lease-sweeper \
  && cp target/x86_64-unknown-linux-musl/release/lease-sweeper /lease-sweeper \
  && /lease-sweeper --version
