@@ -2,7 +2,9 @@
 //! statements beside the code that runs them.
 //!
 //! `conn` opens (through the `pgconn` crate's host walk) and describes
-//! connections; `migrate` applies the bundled schema; `lock_entry` holds the
+//! connections; `migrate` installs the sidecar beside the lock server's
+//! tables (or takes it out), `adopt` judges whether those tables fit, `sql`
+//! embeds the SQL files it runs; `lock_entry` holds the
 //! statements on `lock_entry` and its takeover outbox, run in batches by
 //! `lock_store` (the `LockStore` for `backend=pg`); `job_queue` the job
 //! queue's; `catalog` what the preflight asks the catalogs; `horizon` what the
