@@ -782,3 +782,46 @@ async fn job_queue_missing_a_column_refused() {
         0
     );
 }
+
+/// A lock server without an index on its deadline gets one, built
+/// CONCURRENTLY by `migrate` and marked as the sidecar's; `remove` drops
+/// that one, and only that one.
+#[tokio::test]
+async fn missing_deadline_index_built_then_removed() {
+    let (db, _owner, mut ls) = lock_server_database(None).await;
+    exec(&mut ls, "DROP INDEX lock_entry_expiry_idx").await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
+    assert_eq!(events(&lines, "migrated")[0]["indexBuilt"], "true", "{out}");
+    let mut admin = db.connect().await;
+    let comment: Option<String> =
+        sqlx::query_scalar("SELECT obj_description('lock_entry_expiry_idx'::regclass, 'pg_class')")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        comment.as_deref(),
+        Some(lease_sweeper::testing::migrate::BUILT_INDEX_COMMENT)
+    );
+    let valid: bool = sqlx::query_scalar(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'lock_entry_expiry_idx'::regclass",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(valid);
+
+    let (code, out) = run_binary(&["remove"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_class WHERE relname = 'lock_entry_expiry_idx'"
+        )
+        .await,
+        0,
+        "the index migrate built goes with the sidecar"
+    );
+}
