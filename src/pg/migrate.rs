@@ -283,8 +283,16 @@ async fn install(
     MIGRATOR.run(&mut *conn).await?;
     let migrations_applied = applied_count(conn).await.saturating_sub(before);
     let functions_applied = apply_functions(conn).await?;
-    let hooks_tries = apply_hooks(conn).await?;
-    let index_built = build_expiry_index(conn).await?;
+    // What `check` reads too: whether both triggers and a deadline index
+    // are there.
+    let found = crate::pg::catalog::adoption(conn)
+        .await
+        .map_err(sql_failed("looking at lock_entry's triggers and indexes"))?;
+    let hooks_tries = apply_hooks(conn, found.triggers == 2).await?;
+    let index_built = found.deadline_index.is_none();
+    if index_built {
+        build_expiry_index(conn).await?;
+    }
     Ok(Installed {
         schema,
         lock_server: if lock_server_there {
@@ -315,12 +323,12 @@ async fn applied_count(conn: &mut PgConnection) -> usize {
     .map_or(0, |n| usize::try_from(n).unwrap_or(0))
 }
 
-/// The SHA-256 of a file's text, as `lease_sweeper_sql` records it.
-const SHA: &str =
-    "SELECT pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8')), 'hex')";
+/// Whether `lease_sweeper_sql` records `$1` with the SHA-256 of text `$2`;
+/// and recording it so.
 const RECORDED: &str = "SELECT s.sha256 = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($2, 'UTF8')), 'hex') \
      FROM lease_sweeper_sql AS s WHERE s.name = $1";
-const RECORD: &str = "INSERT INTO lease_sweeper_sql AS s (name, sha256) VALUES ($1, ($2)) \
+const RECORD: &str = "INSERT INTO lease_sweeper_sql AS s (name, sha256) \
+     VALUES ($1, pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($2, 'UTF8')), 'hex')) \
      ON CONFLICT (name) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = pg_catalog.now()";
 
 /// Whether `name`'s recorded text is `text`.
@@ -335,14 +343,9 @@ async fn current(conn: &mut PgConnection, name: &str, text: &str) -> Result<bool
 }
 
 async fn record(conn: &mut PgConnection, name: &str, text: &str) -> Result<(), MigrateError> {
-    let sha: String = sqlx::query_scalar(SHA)
-        .bind(text)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(sql_failed("hashing"))?;
     sqlx::query(RECORD)
         .bind(name)
-        .bind(sha)
+        .bind(text)
         .execute(&mut *conn)
         .await
         .map_err(sql_failed(format!("recording {name}")))?;
@@ -378,16 +381,8 @@ async fn apply_functions(conn: &mut PgConnection) -> Result<usize, MigrateError>
 const HOOKS: &str = "lock_entry_hooks";
 
 /// Creates or replaces the triggers on `lock_entry` when their text changed
-/// or one is missing; how many tries its lock took.
-async fn apply_hooks(conn: &mut PgConnection) -> Result<Option<u32>, MigrateError> {
-    let both: bool = sqlx::query_scalar(
-        "SELECT pg_catalog.count(*) = 2 FROM pg_catalog.pg_trigger AS t \
-          WHERE t.tgrelid = pg_catalog.to_regclass('lock_entry') \
-            AND t.tgname IN ('lock_entry_takeover', 'lock_entry_late_release')",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(sql_failed("looking for the triggers on lock_entry"))?;
+/// or one is missing (`both` there or not); how many tries its lock took.
+async fn apply_hooks(conn: &mut PgConnection, both: bool) -> Result<Option<u32>, MigrateError> {
     if both && current(conn, HOOKS, sql::LOCK_ENTRY_HOOKS).await? {
         return Ok(None);
     }
@@ -446,25 +441,11 @@ fn is_lock_timeout(e: &sqlx::Error) -> bool {
         .is_some_and(|c| c == "55P03")
 }
 
-/// Builds `lock_entry_expiry_idx` when no valid index leads with
+/// Builds `lock_entry_expiry_idx`, called when no valid index leads with
 /// `expires_at`: CONCURRENTLY, so the lock server's writes go on (it waits
 /// for transactions already running on the table, and blocks none). An
 /// invalid one left by an interrupted build is dropped first.
-async fn build_expiry_index(conn: &mut PgConnection) -> Result<bool, MigrateError> {
-    let has: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
-          JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-          WHERE i.indrelid = pg_catalog.to_regclass('lock_entry') AND i.indisvalid \
-            AND a.attname = 'expires_at' AND i.indpred IS NULL)",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(sql_failed(
-        "looking for an index on lock_entry (expires_at)",
-    ))?;
-    if has {
-        return Ok(false);
-    }
+async fn build_expiry_index(conn: &mut PgConnection) -> Result<(), MigrateError> {
     raw(
         conn,
         "DROP INDEX CONCURRENTLY IF EXISTS lock_entry_expiry_idx",
@@ -486,8 +467,7 @@ async fn build_expiry_index(conn: &mut PgConnection) -> Result<bool, MigrateErro
         ),
         "commenting lock_entry_expiry_idx",
     )
-    .await?;
-    Ok(true)
+    .await
 }
 
 async fn raw(conn: &mut PgConnection, sql: &'static str, what: &str) -> Result<(), MigrateError> {
