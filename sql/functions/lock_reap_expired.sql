@@ -9,7 +9,6 @@ DECLARE
     v_from    timestamptz;
     v_rows    lock_reaped_lease[];
     v_one     lock_reaped_lease;
-    v_failed  boolean := false;
     v_counted boolean;
     v_n       integer := 0;
     v_count   lock_held_count;
@@ -35,61 +34,46 @@ BEGIN
     -- before returning, so nothing else the transaction deletes is hidden.
     PERFORM pg_catalog.set_config('lease_sweeper.reaping', 'on', true);
 
-    -- Fast path: one set-based statement, in its own function so its plan
-    -- can be EXPLAINed (tests/it/sweep.rs) and tuned on its own. A function
-    -- in FROM is run to completion into a tuplestore before its first row
-    -- is read, so a failure inside it reaches the handler before RETURN
-    -- QUERY has taken any row: no row is returned that was not deleted.
-    -- It records its own row in lock_held_delta.
-    BEGIN
-        RETURN QUERY SELECT f.lock_key, f.owner_id, f.token, f.expired_at_millis, f.overdue_millis, f.set_aside_error
-                       FROM lock_reap_expired_fast(p_limit, v_from) AS f;
-        PERFORM pg_catalog.set_config('lease_sweeper.reaping', '', true);
-        RETURN;
-    EXCEPTION WHEN OTHERS THEN
-        v_failed := true;
-    END;
-
-    -- Slow path, only after a failure: the same rows one by one.
-    IF v_failed THEN
-        SELECT * INTO v_count FROM lock_held_count AS c WHERE c.singleton;
-        v_rows := '{}';
-        FOR r IN
-            SELECT l.lock_key, l.owner_id, l.token
-              FROM lock_entry AS l
-             WHERE l.expires_at <= pg_catalog.now()
-               AND l.expires_at >= v_from
-             ORDER BY l.expires_at
-             LIMIT p_limit
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            BEGIN
-                DELETE FROM lock_entry AS e
-                 WHERE e.lock_key = r.lock_key
-                   AND e.expires_at <= pg_catalog.now()
-                RETURNING e.lock_key, e.owner_id, e.token,
-                          lease_epoch_millis(e.expires_at),
-                          lease_overdue_millis(e.expires_at, pg_catalog.now()),
-                          NULL::pg_catalog.text,
-                          lock_held_counted(e.xmin, v_count.counted_at, v_count.counted_xmin,
-                                            v_count.counted_xmax, v_count.counted_xip)
-                     INTO v_one.lock_key, v_one.owner_id, v_one.token, v_one.expired_at_millis,
-                          v_one.overdue_millis, v_one.set_aside_error, v_counted;
-                IF FOUND THEN
-                    v_rows := pg_catalog.array_append(v_rows, v_one);
-                    IF v_counted THEN
-                        v_n := v_n + 1;
-                    END IF;
+    -- The rows one by one, each delete in its own subtransaction, so one
+    -- that fails is set aside and the rest are reaped: what lock_reap_batch
+    -- falls back on when its one statement fails.
+    SELECT * INTO v_count FROM lock_held_count AS c WHERE c.singleton;
+    v_rows := '{}';
+    FOR r IN
+        SELECT l.lock_key, l.owner_id, l.token
+          FROM lock_entry AS l
+         WHERE l.expires_at <= pg_catalog.now()
+           AND l.expires_at >= v_from
+         ORDER BY l.expires_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            DELETE FROM lock_entry AS e
+             WHERE e.lock_key = r.lock_key
+               AND e.expires_at <= pg_catalog.now()
+            RETURNING e.lock_key, e.owner_id, e.token,
+                      lease_epoch_millis(e.expires_at),
+                      lease_overdue_millis(e.expires_at, pg_catalog.now()),
+                      NULL::pg_catalog.text,
+                      lock_held_counted(e.xmin, v_count.counted_at, v_count.counted_xmin,
+                                        v_count.counted_xmax, v_count.counted_xip)
+                 INTO v_one.lock_key, v_one.owner_id, v_one.token, v_one.expired_at_millis,
+                      v_one.overdue_millis, v_one.set_aside_error, v_counted;
+            IF FOUND THEN
+                v_rows := pg_catalog.array_append(v_rows, v_one);
+                IF v_counted THEN
+                    v_n := v_n + 1;
                 END IF;
-            EXCEPTION WHEN OTHERS THEN
-                v_rows := pg_catalog.array_append(v_rows,
-                    ROW(r.lock_key, r.owner_id, r.token, NULL, NULL,
-                        pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE), 'sweep')::lock_reaped_lease);
-            END;
-        END LOOP;
-        IF v_n > 0 THEN
-            INSERT INTO lock_held_delta (n) VALUES (v_n);
-        END IF;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            v_rows := pg_catalog.array_append(v_rows,
+                ROW(r.lock_key, r.owner_id, r.token, NULL, NULL,
+                    pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE), 'sweep')::lock_reaped_lease);
+        END;
+    END LOOP;
+    IF v_n > 0 THEN
+        INSERT INTO lock_held_delta (n) VALUES (v_n);
     END IF;
 
     PERFORM pg_catalog.set_config('lease_sweeper.reaping', '', true);
@@ -99,6 +83,6 @@ END
 $function$;
 
 COMMENT ON FUNCTION lock_reap_expired(integer, bigint) IS
-'The sweep: deletes up to p_limit (1-100000, else 22023) leases whose deadline has passed (database clock, checked again on the delete), oldest first, skipping rows another session holds (FOR UPDATE SKIP LOCKED), and returns each with its deadline and lateness in ms. p_after_millis resumes a drain after the newest deadline of the previous batch; NULL starts from the oldest. A row whose delete fails is left in place and returned with set_aside_error. Called by lock_reap_batch, which hands the batch off. SECURITY DEFINER; EXECUTE: its owner only.';
+'A sweep batch row by row: deletes up to p_limit (1-100000, else 22023) leases whose deadline has passed (database clock, checked again on each delete), oldest first from p_after_millis (epoch ms; NULL: the oldest), skipping rows another session holds (FOR UPDATE SKIP LOCKED), each delete in its own subtransaction, and returns each with its deadline and lateness in ms; a row whose delete fails is left in place and returned with set_aside_error. lock_reap_batch falls back on it when its one statement fails, and hands the batch off. SECURITY DEFINER; EXECUTE: its owner only.';
 
 REVOKE ALL ON FUNCTION lock_reap_expired(integer, bigint) FROM PUBLIC;

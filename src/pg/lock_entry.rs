@@ -41,9 +41,9 @@ pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_ag
 /// batch reaped; NULL: the oldest, pre-1970 and -infinity included), rows
 /// other sessions hold skipped (`FOR UPDATE SKIP LOCKED`, so replicas split
 /// the work), records them in one hand-off row, and returns them as arrays
-/// in one row (`lock_reap_batch` in `sql/functions/`, around
-/// `lock_reap_expired`, which explains the shape: the database clock
-/// decides, rows are deleted by tuple id). The sweeper's role needs no
+/// in one row (`lock_reap_batch` in `sql/functions/`, which explains the
+/// shape: the database clock decides, rows are deleted by tuple id). The
+/// sweeper's role needs no
 /// DELETE privilege and can never delete a live lease.
 ///
 /// Resuming at `$2` spares each batch the dead index entries the earlier
@@ -53,7 +53,7 @@ pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_ag
 ///
 /// The `set_aside_*` arrays name leases that were NOT deleted: each failed
 /// inside the function and was set aside so the rest of the batch could be
-/// reaped (`lock_reap_expired`).
+/// reaped (`lock_reap_expired`, its row-by-row path).
 pub const REAP_BATCH: &str = "
 SELECT handoff_id, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
        set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors

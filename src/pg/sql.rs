@@ -122,10 +122,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lock_reap_expired.sql"),
     ),
     (
-        "lock_reap_expired_fast",
-        include_str!("../../sql/functions/lock_reap_expired_fast.sql"),
-    ),
-    (
         "lock_sweep_probe",
         include_str!("../../sql/functions/lock_sweep_probe.sql"),
     ),

@@ -10,9 +10,9 @@
 //!   `LockStore` with its `Probe` and `Batch`, `PgLockStore`;
 //! - constants: `BATCH_SIZE`, `SWEEP_DELAY`, `HELD_COUNT_MAX_AGE`;
 //! - SQL functions on the path: `lock_sweep_probe`, `lock_reap_batch` (and
-//!   the `lock_reap_expired` and `lock_reap_expired_fast` it calls),
+//!   `lock_reap_expired`, the row-by-row path it falls back on),
 //!   `lock_handoff_claim`, `lock_handoff_recover`, `lock_drain_takeovers`,
-//!   `lock_held_count_get`: 19 in all;
+//!   `lock_held_count_get`: 18 in all;
 //! - one connection, one batch shape: delete up to `BATCH_SIZE` rows in
 //!   deadline order, skipping rows others hold, commit them with their
 //!   hand-off, write their lines, clear the hand-off.
