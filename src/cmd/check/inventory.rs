@@ -41,18 +41,37 @@ impl fmt::Display for Object {
 /// Whose an object is: the lock server's and the job queue's are theirs
 /// (adopted, or the stand-ins `migrate` created where there were none), the
 /// rest the sidecar's, which `lease-sweeper remove` takes out again.
-pub fn whose(object: Object) -> &'static str {
-    match object.name() {
-        "lock_entry" => "the lock server's",
-        "job_queue"
-        | "job_dead_letter"
-        | "queue_setting"
-        | "job_queue_lease_until_idx"
-        | "fn_queue_setting_set"
-        | "job_kind_lease"
-        | "fn_job_kind_lease_set"
-        | "fn_job_default_lease_sec" => "the job queue's",
-        _ => "the sidecar's",
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whose {
+    LockServer,
+    JobQueue,
+    Sidecar,
+}
+
+impl Whose {
+    pub fn of(object: Object) -> Whose {
+        match object.name() {
+            "lock_entry" => Whose::LockServer,
+            "job_queue"
+            | "job_dead_letter"
+            | "queue_setting"
+            | "job_queue_lease_until_idx"
+            | "fn_queue_setting_set"
+            | "job_kind_lease"
+            | "fn_job_kind_lease_set"
+            | "fn_job_default_lease_sec" => Whose::JobQueue,
+            _ => Whose::Sidecar,
+        }
+    }
+}
+
+impl fmt::Display for Whose {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Whose::LockServer => "the lock server's",
+            Whose::JobQueue => "the job queue's",
+            Whose::Sidecar => "the sidecar's",
+        })
     }
 }
 

@@ -92,11 +92,13 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
         let what = object.to_string();
         objects.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
     }
-    let sidecars = objects
-        .iter()
-        .zip(EXPECTED)
-        .filter(|(_, object)| inventory::whose(**object) == "the sidecar's");
-    if none_applied && sidecars.clone().all(|(line, _)| missing_everywhere(line)) {
+    let never_migrated_here = none_applied
+        && objects
+            .iter()
+            .zip(EXPECTED)
+            .filter(|(_, object)| inventory::Whose::of(**object) == inventory::Whose::Sidecar)
+            .all(|(line, _)| missing_everywhere(line));
+    if never_migrated_here {
         // Never migrated: one FAIL, not one per object and grant (the line
         // above says what `migrate` will add).
         lines.push(never_migrated(objects.len()));

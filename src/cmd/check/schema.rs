@@ -5,7 +5,7 @@
 
 use sqlx::PgConnection;
 
-use super::inventory::{Grant, Object, whose};
+use super::inventory::{Grant, Object, Whose};
 use super::report::{LACKS, Line, MIGRATE_HINT, query_failed};
 use crate::config::Redactor;
 use crate::pg::catalog;
@@ -291,7 +291,7 @@ pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Li
                         ),
                     )
                 } else {
-                    Line::ok(what, format!("{schema}.{name}, {}", whose(object)))
+                    Line::ok(what, format!("{schema}.{name}, {}", Whose::of(object)))
                 },
             )
         }
@@ -302,7 +302,7 @@ pub(super) async fn exists(conn: &mut PgConnection, object: Object) -> Result<Li
             } else {
                 Line::ok(
                     what,
-                    format!("{}.{name}, {}", schemas.join(","), whose(object)),
+                    format!("{}.{name}, {}", schemas.join(","), Whose::of(object)),
                 )
             })
         }
