@@ -1,8 +1,8 @@
--- The sidecar's two triggers on the lock server's `lock_entry`: each records,
--- in the lock server's own statement, an expired lease that leaves the table
--- by another way than a sweep, so that a sweeper reports it once
--- (lock_expiry_outbox). Live leases call neither function: the WHEN clauses
--- are checked per row without a call.
+-- The sidecar's three triggers on the lock server's `lock_entry`: each
+-- records, in the lock server's own statement, an expired lease that leaves
+-- the table, or comes back to life, by another way than a sweep, so that a
+-- sweeper reports it once (lock_expiry_outbox). Live leases call none of
+-- the functions: the WHEN clauses are checked per row without a call.
 --
 -- `migrate` applies this file when it changed, in its own short transaction
 -- that waits at most a moment for the table's lock (a trigger takes SHARE
@@ -11,18 +11,34 @@
 -- long transaction because of it. The lock server's own triggers stay as
 -- they are; these run beside them.
 
--- A takeover: an acquire gave an expired lease's row a new token.
--- Renewals keep the token and call nothing.
+-- A takeover: an acquire gave an expired lease's row a new token. Whatever
+-- the token's type, a new lease is a token that changed.
 CREATE OR REPLACE TRIGGER lock_entry_takeover
     AFTER UPDATE ON lock_entry
     FOR EACH ROW
-    WHEN (OLD.token IS DISTINCT FROM NEW.token)
+    WHEN (OLD.token IS DISTINCT FROM NEW.token
+          AND OLD.expires_at <= pg_catalog.now())
     EXECUTE FUNCTION lock_entry_record_takeover();
+
+-- A late renewal: the holder kept its token and moved a deadline that had
+-- already passed to one still ahead (an extend that does not check the
+-- deadline; the holder woke after it). The lease is held again, but it was
+-- not held while the holder was away: an expiry. A renewal in time (the
+-- old deadline ahead), one that leaves the deadline passed (the sweep
+-- reports that lease), and a takeover (the token changed) call nothing.
+CREATE OR REPLACE TRIGGER lock_entry_late_renewal
+    AFTER UPDATE ON lock_entry
+    FOR EACH ROW
+    WHEN (OLD.token IS NOT DISTINCT FROM NEW.token
+          AND OLD.expires_at <= pg_catalog.now()
+          AND NEW.expires_at > pg_catalog.now())
+    EXECUTE FUNCTION lock_entry_record_renewal();
 
 -- A late release: the holder deleted its row after the deadline. Not a
 -- live lease's release (deadline ahead), not a session's cascade (the
 -- foreign key's trigger deletes at depth 1), not the sweep's own delete
--- (lock_reap_expired sets lease_sweeper.reaping while it deletes).
+-- (lock_reap_batch and lock_reap_expired set lease_sweeper.reaping while
+-- they delete).
 CREATE OR REPLACE TRIGGER lock_entry_late_release
     AFTER DELETE ON lock_entry
     FOR EACH ROW

@@ -17,11 +17,13 @@ use serde::Deserialize;
 pub struct ExpiredLease {
     pub lock_key: String,
     pub owner_id: String,
-    pub token: i64,
+    /// The lock server's token as its text, whatever its column's type
+    /// (`bigint`, `uuid`, `text`, …); empty where that column holds NULL.
+    pub token: String,
     /// The lease's deadline, in milliseconds since the Unix epoch.
     pub expired_at_millis: i64,
     /// How long past its deadline the lease was when it left the table (swept,
-    /// stolen, or released late), by the database's clock.
+    /// stolen, or released late) or was renewed late, by the database's clock.
     pub overdue_millis: i64,
     pub reaped_by: ReapedBy,
 }
@@ -38,15 +40,30 @@ pub enum ReapedBy {
     /// (the holder paused past the deadline, then released); recorded by
     /// the backend in the deleting statement and drained by a sweeper.
     Release,
+    /// Renewed by its holder after its deadline, before any sweeper saw it
+    /// (the holder woke after the deadline and extended with the same
+    /// token): the lease is held again, but was not while the holder was
+    /// away. Recorded by the backend in the renewing statement and drained
+    /// by a sweeper.
+    Renewal,
 }
 
 impl ReapedBy {
+    /// Every way, in the order metrics list them.
+    pub const ALL: [ReapedBy; 4] = [
+        ReapedBy::Sweep,
+        ReapedBy::Takeover,
+        ReapedBy::Release,
+        ReapedBy::Renewal,
+    ];
+
     /// The `reapedBy` value on a `lease_expired` line.
     pub fn as_str(self) -> &'static str {
         match self {
             ReapedBy::Sweep => "sweep",
             ReapedBy::Takeover => "takeover",
             ReapedBy::Release => "release",
+            ReapedBy::Renewal => "renewal",
         }
     }
 
@@ -57,6 +74,7 @@ impl ReapedBy {
             "sweep" => Some(ReapedBy::Sweep),
             "takeover" => Some(ReapedBy::Takeover),
             "release" => Some(ReapedBy::Release),
+            "renewal" => Some(ReapedBy::Renewal),
             _ => None,
         }
     }

@@ -1,5 +1,5 @@
 CREATE OR REPLACE FUNCTION lock_drain_takeovers(p_limit integer)
- RETURNS TABLE(lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint, set_aside_error text, reaped_by text)
+ RETURNS TABLE(lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint, set_aside_error text, reaped_by text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -70,7 +70,7 @@ END
 $function$;
 
 COMMENT ON FUNCTION lock_drain_takeovers(integer) IS
-'Deletes and returns up to p_limit (1-100000, else 22023) recorded expiries from lock_expiry_outbox (takeovers and late releases), oldest first, lateness measured when the lease left lock_entry; the sweeper reports each as lease_expired with reapedBy = reaped_by (takeover or release) before committing. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
+'Deletes and returns up to p_limit (1-100000, else 22023) recorded expiries from lock_expiry_outbox (takeovers, late releases and late renewals), oldest first, lateness measured when the lease left lock_entry or was renewed; the sweeper reports each as lease_expired with reapedBy = reaped_by (takeover, release or renewal) before committing. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 REVOKE ALL ON FUNCTION lock_drain_takeovers(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_drain_takeovers(integer) TO lease_sweeper;

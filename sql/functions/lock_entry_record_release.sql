@@ -12,7 +12,7 @@ CREATE OR REPLACE FUNCTION lock_entry_record_release()
 AS $function$
 BEGIN
     INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, taken_over_at, reaped_by)
-    VALUES (OLD.lock_key, OLD.owner_id, OLD.token, OLD.expires_at, pg_catalog.now(), 'release');
+    VALUES (OLD.lock_key, OLD.owner_id, OLD.token::pg_catalog.text, OLD.expires_at, pg_catalog.now(), 'release');
     RETURN NULL;
 END
 $function$;

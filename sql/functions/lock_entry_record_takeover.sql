@@ -1,3 +1,8 @@
+-- A lease an acquire took over after its deadline, before any sweep did:
+-- the old lease is recorded in the acquiring statement, for a sweeper to
+-- report as lease_expired reapedBy=takeover. The trigger's WHEN clause
+-- (sql/lock_entry_hooks.sql) calls this only for a token that changed on a
+-- row whose deadline had passed; tokens are kept as their text.
 CREATE OR REPLACE FUNCTION lock_entry_record_takeover()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -5,12 +10,9 @@ CREATE OR REPLACE FUNCTION lock_entry_record_takeover()
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
 AS $function$
 BEGIN
-    -- A new token on an existing key is a steal; it is an expiry only if the
-    -- old lease had reached its deadline (it always has, via lock_acquire).
-    IF OLD.expires_at <= pg_catalog.now() THEN
-        INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, taken_over_at, new_token)
-        VALUES (OLD.lock_key, OLD.owner_id, OLD.token, OLD.expires_at, pg_catalog.now(), NEW.token);
-    END IF;
+    INSERT INTO lock_expiry_outbox (lock_key, owner_id, token, expires_at, taken_over_at, new_token, reaped_by)
+    VALUES (OLD.lock_key, OLD.owner_id, OLD.token::pg_catalog.text, OLD.expires_at, pg_catalog.now(),
+            NEW.token::pg_catalog.text, 'takeover');
     RETURN NULL;
 END
 $function$;

@@ -1,5 +1,5 @@
 CREATE OR REPLACE FUNCTION lock_handoff_recover()
- RETURNS TABLE(lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint)
+ RETURNS TABLE(lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint)
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'

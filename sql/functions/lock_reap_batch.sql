@@ -8,7 +8,7 @@
 -- that could not be deleted come back in the set_aside_* arrays, left in
 -- place (lock_reap_expired explains both paths).
 CREATE OR REPLACE FUNCTION lock_reap_batch(p_limit integer, p_after_millis bigint DEFAULT NULL)
- RETURNS TABLE(handoff_id bigint, lock_keys text[], owner_ids text[], tokens bigint[], expired_at_millis bigint[], overdue_millis bigint[], set_aside_keys text[], set_aside_owner_ids text[], set_aside_tokens bigint[], set_aside_errors text[])
+ RETURNS TABLE(handoff_id bigint, lock_keys text[], owner_ids text[], tokens text[], expired_at_millis bigint[], overdue_millis bigint[], set_aside_keys text[], set_aside_owner_ids text[], set_aside_tokens text[], set_aside_errors text[])
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -17,8 +17,8 @@ AS $function$
 DECLARE
     v_from timestamptz;
     v_id bigint;
-    v_k text[]; v_o text[]; v_t bigint[]; v_e bigint[]; v_d bigint[];
-    s_k text[]; s_o text[]; s_t bigint[]; s_x text[];
+    v_k text[]; v_o text[]; v_t text[]; v_e bigint[]; v_d bigint[];
+    s_k text[]; s_o text[]; s_t text[]; s_x text[];
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         RAISE EXCEPTION 'lock_reap_batch: limit must be from 1 to 100000, got %', COALESCE(p_limit::pg_catalog.text, 'NULL')
@@ -68,7 +68,7 @@ BEGIN
         ), batch AS (
             SELECT pg_catalog.array_agg(g.lock_key) AS k,
                    pg_catalog.array_agg(g.owner_id) AS o,
-                   pg_catalog.array_agg(g.token) AS t,
+                   pg_catalog.array_agg(g.token::pg_catalog.text) AS t,
                    pg_catalog.array_agg(lease_epoch_millis(g.expires_at)) AS e,
                    pg_catalog.array_agg(lease_overdue_millis(g.expires_at, pg_catalog.now())) AS d
               FROM gone AS g
@@ -81,7 +81,7 @@ BEGIN
           INTO v_id, v_k, v_o, v_t, v_e, v_d
           FROM batch AS b;
         PERFORM pg_catalog.set_config('lease_sweeper.reaping', '', true);
-        RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, NULL::text[], NULL::text[], NULL::bigint[], NULL::text[];
+        RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, NULL::text[], NULL::text[], NULL::text[], NULL::text[];
         RETURN;
     EXCEPTION WHEN OTHERS THEN
         NULL;
@@ -111,7 +111,7 @@ END
 $function$;
 
 COMMENT ON FUNCTION lock_reap_batch(integer, bigint) IS
-'One sweep batch: deletes up to p_limit (1-100000, else 22023) expired leases in deadline order from p_after_millis (epoch ms; NULL: the oldest), skipping rows other sessions hold, records them in one lock_reap_handoff row and returns its id and the leases as arrays (set_aside_*: leases whose delete failed, left in place). The caller commits, writes the lines, then claims the hand-off (lock_handoff_claim). SECURITY DEFINER; EXECUTE: lease_sweeper only.';
+'One sweep batch: deletes up to p_limit (1-100000, else 22023) expired leases in deadline order from p_after_millis (epoch ms; NULL: the oldest), skipping rows other sessions hold, records them in one lock_reap_handoff row and returns its id and the leases as arrays (tokens as their text) (set_aside_*: leases whose delete failed, left in place). The caller commits, writes the lines, then claims the hand-off (lock_handoff_claim). SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 REVOKE ALL ON FUNCTION lock_reap_batch(integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_reap_batch(integer, bigint) TO lease_sweeper;

@@ -1,5 +1,5 @@
 CREATE OR REPLACE FUNCTION lock_reap_expired(p_limit integer, p_after_millis bigint DEFAULT NULL::bigint)
- RETURNS TABLE(lock_key text, owner_id text, token bigint, expired_at_millis bigint, overdue_millis bigint, set_aside_error text)
+ RETURNS TABLE(lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint, set_aside_error text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -40,7 +40,7 @@ BEGIN
     SELECT * INTO v_count FROM lock_held_count AS c WHERE c.singleton;
     v_rows := '{}';
     FOR r IN
-        SELECT l.lock_key, l.owner_id, l.token
+        SELECT l.lock_key, l.owner_id, l.token::pg_catalog.text AS token
           FROM lock_entry AS l
          WHERE l.expires_at <= pg_catalog.now()
            AND l.expires_at >= v_from
@@ -52,7 +52,7 @@ BEGIN
             DELETE FROM lock_entry AS e
              WHERE e.lock_key = r.lock_key
                AND e.expires_at <= pg_catalog.now()
-            RETURNING e.lock_key, e.owner_id, e.token,
+            RETURNING e.lock_key, e.owner_id, e.token::pg_catalog.text,
                       lease_epoch_millis(e.expires_at),
                       lease_overdue_millis(e.expires_at, pg_catalog.now()),
                       NULL::pg_catalog.text,

@@ -56,7 +56,7 @@ impl EventLog {
         for lease in leases {
             line.push_str(&head);
             push_pair(line, "lockKey", &lease.lock_key);
-            push_int_pair(line, "token", lease.token);
+            push_pair(line, "token", &lease.token);
             push_int_pair(line, "expiredAtMillis", lease.expired_at_millis);
             push_int_pair(line, "overdueMillis", lease.overdue_millis);
             push_pair(line, "backend", backend);

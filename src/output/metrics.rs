@@ -114,7 +114,7 @@ impl Metrics {
     /// `lateness`: every one in Prometheus, a sample of at most
     /// `MAX_OVERDUE_SAMPLES` per `reaped_by` in StatsD.
     pub fn lease_overdue(&self, backend: &'static str, lateness: &mut Lateness<ReapedBy>) {
-        for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
+        for by in ReapedBy::ALL {
             let group = lateness.of(by);
             if group.is_empty() {
                 continue;
@@ -324,7 +324,7 @@ mod tests {
             .map(|i| ExpiredLease {
                 lock_key: format!("k{i}"),
                 owner_id: "o".into(),
-                token: i as i64,
+                token: i.to_string(),
                 expired_at_millis: 0,
                 overdue_millis: i as i64,
                 reaped_by,

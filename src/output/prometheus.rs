@@ -197,7 +197,7 @@ impl Exposition {
         self.counter(LEASE_EXPIRED, &[("backend", backend)])
             .increment(n);
         if n == 0 {
-            for by in [ReapedBy::Sweep, ReapedBy::Takeover] {
+            for by in ReapedBy::ALL {
                 // Registered is enough: it renders with count 0.
                 let _ = self.lease_overdue_histogram(backend, by);
             }

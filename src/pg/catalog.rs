@@ -304,11 +304,16 @@ pub async fn planted_overloads(conn: &mut PgConnection) -> Result<Option<String>
 pub struct Adoption {
     /// `migrate` ran here (its record of applied SQL is visible).
     pub installed: bool,
-    /// How many of its two triggers `lock_entry` has.
+    /// How many of its `HOOK_TRIGGERS` triggers `lock_entry` has.
     pub triggers: i64,
     /// A valid index leading with `expires_at`, by name.
     pub deadline_index: Option<String>,
 }
+
+/// How many triggers the sidecar keeps on `lock_entry` (sql/lock_entry_hooks.sql):
+/// a takeover, a late renewal and a late release each need one, or that way
+/// past a deadline goes unreported.
+pub const HOOK_TRIGGERS: i64 = 3;
 
 /// Whether the sidecar is installed beside the `lock_entry` this role sees,
 /// with its triggers, and which index serves the deadline order.
@@ -316,7 +321,7 @@ pub const ADOPTION: &str = "
 SELECT pg_catalog.to_regclass('lease_sweeper_sql') IS NOT NULL AS installed,
        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_trigger AS t
          WHERE t.tgrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('lock_entry')
-           AND t.tgname OPERATOR(pg_catalog.=) ANY ('{lock_entry_takeover,lock_entry_late_release}'::pg_catalog.name[])) AS triggers,
+           AND t.tgname OPERATOR(pg_catalog.=) ANY ('{lock_entry_takeover,lock_entry_late_renewal,lock_entry_late_release}'::pg_catalog.name[])) AS triggers,
        (SELECT c.relname::pg_catalog.text
           FROM pg_catalog.pg_index AS i
           JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) i.indexrelid
@@ -368,3 +373,54 @@ SELECT pg_catalog.string_agg(x.what, '; ' ORDER BY x.what)
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_operator AS b
                         WHERE b.oprnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid
                           AND b.oprname OPERATOR(pg_catalog.=) op.oprname)) AS x";
+
+/// Each function the binary ships (`$1` its names, `$2` their files' text)
+/// beside each the database records in `lease_sweeper_sql` (the triggers'
+/// record aside): whether it is shipped, recorded, recorded with the
+/// shipped text, and in `pg_proc` in the sidecar's schema (that of
+/// `lease_sweeper_sql` as this role resolves it). One row per name.
+pub const FUNCTION_TEXTS: &str = "
+WITH shipped AS (
+    SELECT u.name, pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(u.body, 'UTF8')), 'hex') AS sha256
+      FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[]))
+           AS u (name, body)),
+recorded AS (
+    SELECT s.name, s.sha256 FROM lease_sweeper_sql AS s
+     WHERE s.name OPERATOR(pg_catalog.<>) 'lock_entry_hooks'),
+home AS (
+    SELECT c.relnamespace FROM pg_catalog.pg_class AS c
+     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('lease_sweeper_sql'))
+SELECT coalesce(sh.name, r.name) AS name,
+       sh.name IS NOT NULL AS shipped,
+       r.name IS NOT NULL AS recorded,
+       r.sha256 IS NOT NULL AND sh.sha256 IS NOT DISTINCT FROM r.sha256 AS same,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p, home AS h
+                WHERE p.proname OPERATOR(pg_catalog.=) coalesce(sh.name, r.name)
+                  AND p.pronamespace OPERATOR(pg_catalog.=) h.relnamespace) AS present
+  FROM shipped AS sh FULL JOIN recorded AS r ON r.name OPERATOR(pg_catalog.=) sh.name
+ ORDER BY 1";
+
+/// One row of `FUNCTION_TEXTS`.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct FunctionText {
+    pub name: String,
+    /// The binary ships it (`sql::FUNCTIONS`).
+    pub shipped: bool,
+    /// `lease_sweeper_sql` records it.
+    pub recorded: bool,
+    /// Recorded with the text the binary ships.
+    pub same: bool,
+    /// A function of that name is in the sidecar's schema.
+    pub present: bool,
+}
+
+/// Asks `FUNCTION_TEXTS` about the binary's functions.
+pub async fn function_texts(conn: &mut PgConnection) -> Result<Vec<FunctionText>, sqlx::Error> {
+    let (names, texts): (Vec<&str>, Vec<&str>) = crate::pg::sql::FUNCTIONS.iter().copied().unzip();
+    sqlx::query_as(FUNCTION_TEXTS)
+        .persistent(false)
+        .bind(names)
+        .bind(texts)
+        .fetch_all(conn)
+        .await
+}

@@ -59,9 +59,9 @@ SELECT handoff_id, lock_keys, owner_ids, tokens, expired_at_millis, overdue_mill
        set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors
   FROM lock_reap_batch($1, $2)";
 
-/// Drains up to `$1` recorded expiries (takeovers and late releases),
-/// oldest first, each with how it left the table; overdue is measured at
-/// that moment (`lock_drain_takeovers` in `sql/functions/`).
+/// Drains up to `$1` recorded expiries (takeovers, late releases and late
+/// renewals), oldest first, each with how it left the table or came back to
+/// life; overdue is measured at that moment (`lock_drain_takeovers` in `sql/functions/`).
 pub const DRAIN_TAKEOVERS: &str = "
 SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error, reaped_by
   FROM lock_drain_takeovers($1)";
@@ -102,7 +102,7 @@ SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
 struct LeaseRow {
     lock_key: String,
     owner_id: String,
-    token: i64,
+    token: Option<String>,
     expired_at_millis: Option<i64>,
     overdue_millis: Option<i64>,
     set_aside_error: Option<String>,
@@ -115,7 +115,8 @@ struct LeaseRow {
 pub struct SetAsideLease {
     pub lock_key: String,
     pub owner_id: String,
-    pub token: i64,
+    /// As `ExpiredLease::token`: its text, empty for NULL.
+    pub token: String,
     pub reaped_by: ReapedBy,
     /// The database's error, with its SQLSTATE.
     pub cause: String,
@@ -145,7 +146,7 @@ fn split(rows: Vec<LeaseRow>) -> Result<LeaseBatch, sqlx::Error> {
                 batch.reaped.push(ExpiredLease {
                     lock_key: row.lock_key,
                     owner_id: row.owner_id,
-                    token: row.token,
+                    token: row.token.unwrap_or_default(),
                     expired_at_millis,
                     overdue_millis,
                     reaped_by,
@@ -154,7 +155,7 @@ fn split(rows: Vec<LeaseRow>) -> Result<LeaseBatch, sqlx::Error> {
             (error, _, _) => batch.set_aside.push(SetAsideLease {
                 lock_key: row.lock_key,
                 owner_id: row.owner_id,
-                token: row.token,
+                token: row.token.unwrap_or_default(),
                 reaped_by,
                 cause: error.unwrap_or_else(|| "reaped without a deadline".to_owned()),
             }),
@@ -178,12 +179,12 @@ struct HandedOffRow {
     handoff_id: Option<i64>,
     lock_keys: Option<Vec<String>>,
     owner_ids: Option<Vec<String>>,
-    tokens: Option<Vec<i64>>,
+    tokens: Option<Vec<Option<String>>>,
     expired_at_millis: Option<Vec<i64>>,
     overdue_millis: Option<Vec<i64>>,
     set_aside_keys: Option<Vec<String>>,
     set_aside_owner_ids: Option<Vec<String>>,
-    set_aside_tokens: Option<Vec<i64>>,
+    set_aside_tokens: Option<Vec<Option<String>>>,
     set_aside_errors: Option<Vec<String>>,
 }
 
@@ -192,7 +193,7 @@ struct HandedOffRow {
 fn zip_leases(
     keys: Option<Vec<String>>,
     owners: Option<Vec<String>>,
-    tokens: Option<Vec<i64>>,
+    tokens: Option<Vec<Option<String>>>,
     expired: Option<Vec<i64>>,
     overdue: Option<Vec<i64>>,
 ) -> Result<Vec<ExpiredLease>, sqlx::Error> {
@@ -216,7 +217,7 @@ fn zip_leases(
             |((lock_key, owner_id), (token, (expired_at_millis, overdue_millis)))| ExpiredLease {
                 lock_key,
                 owner_id,
-                token,
+                token: token.unwrap_or_default(),
                 expired_at_millis,
                 overdue_millis,
                 reaped_by: ReapedBy::Sweep,
@@ -257,7 +258,7 @@ pub async fn reap_batch(
         .map(|((lock_key, owner_id), (token, cause))| SetAsideLease {
             lock_key,
             owner_id,
-            token,
+            token: token.unwrap_or_default(),
             reaped_by: ReapedBy::Sweep,
             cause,
         })
@@ -297,7 +298,7 @@ pub async fn handoff_claim(conn: &mut PgConnection, id: i64) -> Result<bool, sql
 struct HandoffRow {
     lock_key: String,
     owner_id: String,
-    token: i64,
+    token: Option<String>,
     expired_at_millis: i64,
     overdue_millis: i64,
 }
@@ -314,7 +315,7 @@ pub async fn handoff_recover(conn: &mut PgConnection) -> Result<Vec<ExpiredLease
         .map(|r| ExpiredLease {
             lock_key: r.lock_key,
             owner_id: r.owner_id,
-            token: r.token,
+            token: r.token.unwrap_or_default(),
             expired_at_millis: r.expired_at_millis,
             overdue_millis: r.overdue_millis,
             reaped_by: ReapedBy::Sweep,

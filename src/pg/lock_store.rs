@@ -95,7 +95,7 @@ fn log_set_aside(rows: &[locks::SetAsideLease]) {
     for row in rows {
         tracing::error!(
             lockKey = %row.lock_key,
-            token = row.token,
+            token = %row.token,
             ownerId = %row.owner_id,
             reapedBy = row.reaped_by.as_str(),
             cause = %row.cause,

@@ -187,7 +187,9 @@ impl Reporter<ExpiredLease> for LeaseReporter<'_> {
         for lease in leases {
             match lease.reaped_by {
                 ReapedBy::Sweep => self.outcome.swept += 1,
-                ReapedBy::Takeover | ReapedBy::Release => self.outcome.taken_over += 1,
+                ReapedBy::Takeover | ReapedBy::Release | ReapedBy::Renewal => {
+                    self.outcome.taken_over += 1
+                }
             }
         }
         Ok(())
@@ -284,7 +286,7 @@ mod tests {
             .map(|i| ExpiredLease {
                 lock_key: format!("k{i}"),
                 owner_id: "o".into(),
-                token: i as i64,
+                token: i.to_string(),
                 expired_at_millis: first + i as i64,
                 overdue_millis: 5,
                 reaped_by,

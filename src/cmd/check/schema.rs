@@ -48,17 +48,17 @@ pub(super) async fn lock_server(conn: &mut PgConnection) -> Result<Option<Line>,
             LOCK_SERVER,
             format!(
                 "{table}, fits; not adopted yet: `lease-sweeper migrate`, run as {} or a superuser, \
-                 will add the sidecar's records, functions, role and grants and two triggers on \
+                 will add the sidecar's records, functions, role and grants and three triggers on \
                  lock_entry{index}, and change none of the lock server's tables, rows or history",
                 found.owner
             ),
         ),
-        catalog::Adoption { triggers, .. } if triggers < 2 => Line::fail(
+        catalog::Adoption { triggers, .. } if triggers < catalog::HOOK_TRIGGERS => Line::fail(
             LOCK_SERVER,
             format!(
-                "{table}, adopted, but {} of the sidecar's two triggers on it are missing: takeovers \
-                 and late releases go unreported; {MIGRATE_HINT}",
-                2 - triggers
+                "{table}, adopted, but {} of the sidecar's three triggers on it are missing: takeovers, \
+                 late renewals and late releases go unreported; {MIGRATE_HINT}",
+                catalog::HOOK_TRIGGERS - triggers
             ),
         ),
         catalog::Adoption {
@@ -78,7 +78,7 @@ pub(super) async fn lock_server(conn: &mut PgConnection) -> Result<Option<Line>,
             format!(
                 "{table}, fits and is adopted (deadline index {index}): its tables, rows, triggers \
                  and history are the lock server's; the records, functions, grants and the triggers \
-                 lock_entry_takeover and lock_entry_late_release are the sidecar's"
+                 lock_entry_takeover, lock_entry_late_renewal and lock_entry_late_release are the sidecar's"
             ),
         ),
     }))
@@ -238,7 +238,12 @@ async fn migrations_applied(conn: &mut PgConnection, redactor: &Redactor) -> Lin
             ),
         );
     }
-    let all = format!("all {} applied (latest {latest})", built.len());
+    // Only the versioned migrations: the functions' text is the line
+    // `functions`, which can differ on a database that has every migration.
+    let all = format!(
+        "{n} of {n} versioned migrations applied (latest {latest})",
+        n = built.len()
+    );
     if newer.is_empty() {
         return Line::ok(WHAT, all);
     }

@@ -53,7 +53,7 @@ pub async fn leases(conn: &mut PgConnection) -> HashMap<String, i64> {
     sqlx::query_as::<_, (String, i64)>(
         "SELECT lock_key, token FROM lock_entry
          UNION ALL
-         SELECT u.k, u.t FROM lock_reap_handoff AS h, unnest(h.lock_keys, h.tokens) AS u (k, t)",
+         SELECT u.k, u.t::bigint FROM lock_reap_handoff AS h, unnest(h.lock_keys, h.tokens) AS u (k, t)",
     )
     .fetch_all(conn)
     .await
