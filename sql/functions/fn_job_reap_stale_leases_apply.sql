@@ -85,7 +85,7 @@ END
 $function$;
 
 COMMENT ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) IS
-'Reaps up to p_limit stale job leases, oldest first: back to retry_waiting with exponential backoff, or to job_dead_letter at the last attempt; a job completed or re-leased meanwhile is never touched. Refused, changing nothing, as {"reason": ..., "refused": true}, in this order: actor_required, limit_out_of_range, queue.job_substrate.enabled=false, queue.lease.reaper_enabled=false, queue.lease.reaper_dry_run_only=true. SECURITY DEFINER; EXECUTE not granted to PUBLIC. lease-sweeper jobs apply and the daemon call it.';
+'Reaps up to p_limit stale job leases, oldest first: back to retry_waiting with exponential backoff (one set-based statement), or, at the last attempt, attempts bumped and then moved by the queue''s own fn_job_move_to_dead_letter(job_id, ''lease_expired_reaped_at_max_attempts'', p_actor), whose JSON each such action carries as dead_letter; a job completed or re-leased meanwhile is never touched. Refused, changing nothing, as {"reason": ..., "refused": true}, in this order: actor_required, limit_out_of_range, queue.job_substrate.enabled=false, queue.lease.reaper_enabled=false, queue.lease.reaper_dry_run_only=true. SECURITY DEFINER; EXECUTE not granted to PUBLIC. lease-sweeper jobs apply and the daemon call it.';
 
 REVOKE ALL ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_apply(text, integer) TO lease_sweeper;

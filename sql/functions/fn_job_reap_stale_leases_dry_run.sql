@@ -10,31 +10,60 @@ DECLARE
     v_list    jsonb[] := '{}';
     v_aside   jsonb := '[]';
     r         record;
+    v_sec     integer;
+    v_source  text;
+    -- Whether the queue records the lease each claim gave (the stand-in
+    -- does; a queue adopted as its own tool made it may not). Without them
+    -- each job's object leaves both fields out rather than guess: the
+    -- reaper itself only asks lease_until < now(). PL/pgSQL plans each
+    -- statement when it first runs, so the branch not taken never needs
+    -- the columns.
+    v_durations boolean := (
+        SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2
+          FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid OPERATOR(pg_catalog.=) 'job_queue'::pg_catalog.regclass
+           AND a.attname OPERATOR(pg_catalog.=) ANY ('{lease_duration_sec,lease_duration_source}'::pg_catalog.name[])
+           AND NOT a.attisdropped);
 BEGIN
     IF v_refusal IS NOT NULL THEN
         RETURN v_refusal;
     END IF;
     BEGIN
-        SELECT COALESCE(pg_catalog.jsonb_agg(fn_job_dry_run_object(s.job_id, s.job_kind, s.lease_owner, s.lease_until,
-                                                                   s.attempts, s.max_attempts,
-                                                                   s.lease_duration_sec, s.lease_duration_source)
-                                             ORDER BY s.lease_until, s.job_id), '[]'::pg_catalog.jsonb)
-          INTO v_jobs
-          FROM (SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts,
-                       j.lease_duration_sec, j.lease_duration_source
-                  FROM job_queue AS j
-                 WHERE j.state = 'leased'
-                   AND j.lease_until IS NOT NULL
-                   AND j.lease_until < pg_catalog.now()
-                 ORDER BY j.lease_until, j.job_id
-                 LIMIT p_limit) AS s;
+        IF v_durations THEN
+            SELECT COALESCE(pg_catalog.jsonb_agg(fn_job_dry_run_object(s.job_id, s.job_kind, s.lease_owner, s.lease_until,
+                                                                       s.attempts, s.max_attempts,
+                                                                       s.lease_duration_sec, s.lease_duration_source)
+                                                 ORDER BY s.lease_until, s.job_id), '[]'::pg_catalog.jsonb)
+              INTO v_jobs
+              FROM (SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts,
+                           j.lease_duration_sec, j.lease_duration_source
+                      FROM job_queue AS j
+                     WHERE j.state = 'leased'
+                       AND j.lease_until IS NOT NULL
+                       AND j.lease_until < pg_catalog.now()
+                     ORDER BY j.lease_until, j.job_id
+                     LIMIT p_limit) AS s;
+        ELSE
+            SELECT COALESCE(pg_catalog.jsonb_agg(fn_job_dry_run_object(s.job_id, s.job_kind, s.lease_owner, s.lease_until,
+                                                                       s.attempts, s.max_attempts, NULL, NULL)
+                                                 OPERATOR(pg_catalog.-) '{lease_duration_sec,lease_duration_source}'::pg_catalog.text[]
+                                                 ORDER BY s.lease_until, s.job_id), '[]'::pg_catalog.jsonb)
+              INTO v_jobs
+              FROM (SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts
+                      FROM job_queue AS j
+                     WHERE j.state = 'leased'
+                       AND j.lease_until IS NOT NULL
+                       AND j.lease_until < pg_catalog.now()
+                     ORDER BY j.lease_until, j.job_id
+                     LIMIT p_limit) AS s;
+        END IF;
     EXCEPTION WHEN OTHERS THEN
         v_jobs := NULL;
     END;
     IF v_jobs IS NULL THEN
+        -- One job at a time, each with the two lease fields or none.
         FOR r IN
-            SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts,
-                   j.lease_duration_sec, j.lease_duration_source
+            SELECT j.job_id, j.job_kind, j.lease_owner, j.lease_until, j.attempts, j.max_attempts
               FROM job_queue AS j
              WHERE j.state = 'leased'
                AND j.lease_until IS NOT NULL
@@ -43,9 +72,18 @@ BEGIN
              LIMIT p_limit
         LOOP
             BEGIN
-                v_list := pg_catalog.array_append(v_list,
-                    fn_job_dry_run_object(r.job_id, r.job_kind, r.lease_owner, r.lease_until, r.attempts, r.max_attempts,
-                                          r.lease_duration_sec, r.lease_duration_source));
+                IF v_durations THEN
+                    SELECT j.lease_duration_sec, j.lease_duration_source INTO v_sec, v_source
+                      FROM job_queue AS j WHERE j.job_id = r.job_id;
+                    v_list := pg_catalog.array_append(v_list,
+                        fn_job_dry_run_object(r.job_id, r.job_kind, r.lease_owner, r.lease_until, r.attempts,
+                                              r.max_attempts, v_sec, v_source));
+                ELSE
+                    v_list := pg_catalog.array_append(v_list,
+                        fn_job_dry_run_object(r.job_id, r.job_kind, r.lease_owner, r.lease_until, r.attempts,
+                                              r.max_attempts, NULL, NULL)
+                        OPERATOR(pg_catalog.-) '{lease_duration_sec,lease_duration_source}'::pg_catalog.text[]);
+                END IF;
             EXCEPTION WHEN OTHERS THEN
                 v_aside := v_aside OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
                     'job_id', r.job_id, 'job_kind', r.job_kind, 'lease_owner', r.lease_owner,
@@ -71,6 +109,6 @@ END
 $function$;
 
 COMMENT ON FUNCTION fn_job_reap_stale_leases_dry_run(integer) IS
-'What the reaper would do now, changing nothing whatever the gates say: stale_lease_count (every job with state leased and lease_until < now()) and, for the p_limit oldest (1-10000, else the limit_out_of_range refusal), each job''s would_action (reset_to_retry_waiting or move_to_dead_letter) and the lease it was given. STABLE, SECURITY INVOKER (needs SELECT on job_queue''s reaper columns). lease-sweeper jobs dry-run calls it.';
+'What the reaper would do now, changing nothing whatever the gates say: stale_lease_count (every job with state leased and lease_until < now()) and, for the p_limit oldest (1-10000, else the limit_out_of_range refusal), each job''s would_action (reset_to_retry_waiting or move_to_dead_letter) and, where job_queue records them, the lease its latest claim or heartbeat gave it (lease_duration_sec, lease_duration_source; both left out on a queue without those columns). STABLE, SECURITY INVOKER (needs SELECT on job_queue''s reaper columns). lease-sweeper jobs dry-run calls it.';
 
 GRANT EXECUTE ON FUNCTION fn_job_reap_stale_leases_dry_run(integer) TO lease_sweeper;

@@ -100,7 +100,17 @@ struct Need {
 
 const TEXT: &[&str] = &["text", "character varying"];
 const TIMESTAMPTZ: &[&str] = &["timestamp with time zone"];
-const INTEGER: &[&str] = &["integer", "bigint"];
+/// A token's types: each has a text form every line can carry, and
+/// equality, which tells a takeover (the token changed) from a renewal.
+const TOKEN: &[&str] = &[
+    "bigint",
+    "integer",
+    "smallint",
+    "numeric",
+    "uuid",
+    "text",
+    "character varying",
+];
 
 /// What the sweep reads of `lock_entry`. The session link is the lock
 /// server's business (its cascade is not an expiry) and not read.
@@ -117,8 +127,8 @@ const LOCK_ENTRY: &[Need] = &[
     },
     Need {
         column: "token",
-        types: INTEGER,
-        why: "the fencing token (bigint or integer), which tells a takeover from a renewal",
+        types: TOKEN,
+        why: "the holder's token, written in every line as its text: a takeover is the token changing",
     },
     Need {
         column: "expires_at",
@@ -128,8 +138,8 @@ const LOCK_ENTRY: &[Need] = &[
 ];
 
 /// What the reaper reads and writes of `job_queue`: the job-queue
-/// document's columns, and the lease duration a claim recorded (the dry
-/// run reports it).
+/// document's columns. `state` is judged apart (`state_misfits`): text, or
+/// an enum with the document's five states.
 const JOB_QUEUE: &[Need] = &[
     Need {
         column: "job_id",
@@ -145,11 +155,6 @@ const JOB_QUEUE: &[Need] = &[
         column: "payload",
         types: &["jsonb"],
         why: "what a dead letter keeps (jsonb)",
-    },
-    Need {
-        column: "state",
-        types: TEXT,
-        why: "queued | leased | retry_waiting | succeeded | dead_letter",
     },
     Need {
         column: "attempts",
@@ -182,16 +187,76 @@ const JOB_QUEUE: &[Need] = &[
         why: "set to lease_expired_reaped on a reset",
     },
     Need {
+        column: "updated_at",
+        types: TIMESTAMPTZ,
+        why: "set when the reaper resets a job",
+    },
+];
+
+/// What the reaper uses of `job_queue` only where the queue has it (the
+/// stand-in does; the job-queue document names none of them): judged only
+/// when present, so a column of that name the reaper cannot use is refused
+/// rather than misread.
+const JOB_QUEUE_OPTIONAL: &[Need] = &[
+    Need {
         column: "lease_duration_sec",
         types: &["integer"],
-        why: "the lease a claim granted, reported by the dry run",
+        why: "optional: the lease a claim granted, which the dry run reports where the queue records it",
     },
     Need {
         column: "lease_duration_source",
         types: TEXT,
-        why: "where that duration came from, reported by the dry run",
+        why: "optional: where that duration came from, which the dry run reports beside it",
+    },
+    Need {
+        column: "reaped_by",
+        types: TEXT,
+        why: "optional: the actor that reaped a job, which the reaper records where the queue has it",
+    },
+    Need {
+        column: "reaped_by_role",
+        types: TEXT,
+        why: "optional: the role that reaped a job, recorded beside reaped_by",
     },
 ];
+
+/// The job-queue document's states: a `state` enum must have each label.
+pub const JOB_STATES: &[&str] = &[
+    "queued",
+    "leased",
+    "retry_waiting",
+    "succeeded",
+    "dead_letter",
+];
+
+/// Why `state` will not do: missing, neither text nor an enum, or an enum
+/// (`enum_labels` is `Some` when its type is one) without one of the
+/// document's states, each missing label named. The reaper compares and
+/// assigns it as string literals, which both take.
+fn state_misfits(found: &Found, enum_labels: Option<&[String]>) -> Vec<String> {
+    const WHY: &str = "queued | leased | retry_waiting | succeeded | dead_letter";
+    let Some(column) = found.columns.iter().find(|c| c.name == "state") else {
+        return vec![format!("no column state ({WHY})")];
+    };
+    match enum_labels {
+        None if TEXT.contains(&base_type(&column.type_name)) => Vec::new(),
+        None => vec![format!(
+            "column state is {}, not text or character varying or an enum of the states ({WHY})",
+            column.type_name
+        )],
+        Some(labels) => JOB_STATES
+            .iter()
+            .filter(|state| !labels.iter().any(|l| l == *state))
+            .map(|state| {
+                format!(
+                    "state's enum type {} has no label '{state}' (the reaper reads and writes the \
+                     states {WHY})",
+                    column.type_name
+                )
+            })
+            .collect(),
+    }
+}
 
 /// Each reason the table cannot be adopted, in one phrase each: a missing or
 /// unusable column and what it needs; empty when it fits.
@@ -233,9 +298,19 @@ pub fn lock_entry_misfits(found: &Found) -> Vec<String> {
     out
 }
 
-/// Why `job_queue` cannot be adopted; empty when it can.
-pub fn job_queue_misfits(found: &Found) -> Vec<String> {
-    misfits(found, JOB_QUEUE)
+/// Why `job_queue` cannot be adopted; empty when it can. `state_labels`
+/// is the labels of `state`'s type when that type is an enum.
+pub fn job_queue_misfits(found: &Found, state_labels: Option<&[String]>) -> Vec<String> {
+    let optional: Vec<&Need> = JOB_QUEUE_OPTIONAL
+        .iter()
+        .filter(|need| found.columns.iter().any(|c| c.name == need.column))
+        .collect();
+    let mut out = misfits(found, JOB_QUEUE);
+    out.extend(state_misfits(found, state_labels));
+    for need in optional {
+        out.extend(misfits(found, std::slice::from_ref(need)));
+    }
+    out
 }
 
 /// The refusal for a table the migrating role may not add triggers or
@@ -292,7 +367,7 @@ mod tests {
         let found = table(
             &[
                 ("lock_key", "text"),
-                ("token", "text"),
+                ("token", "point"),
                 ("expires_at", "timestamp without time zone"),
             ],
             &[&["lock_key", "owner_id"]],
@@ -300,11 +375,26 @@ mod tests {
         let misfits = lock_entry_misfits(&found);
         assert_eq!(misfits.len(), 4, "{misfits:#?}");
         assert!(misfits[0].starts_with("no column owner_id"));
-        assert!(misfits[1].starts_with("column token is text, not integer or bigint"));
+        assert!(misfits[1].starts_with("column token is point, not bigint or integer"));
         assert!(misfits[2].starts_with(
             "column expires_at is timestamp without time zone, not timestamp with time zone"
         ));
         assert!(misfits[3].starts_with("lock_key is not unique by itself"));
+    }
+
+    #[test]
+    fn a_token_of_any_type_with_a_text_form_fits_and_a_composite_does_not() {
+        for token in ["bigint", "integer", "uuid", "text", "character varying(64)"] {
+            let mut columns = FITS.to_vec();
+            columns[2] = ("token", token);
+            let found = table(&columns, &[&["lock_key"]]);
+            assert_eq!(lock_entry_misfits(&found), Vec::<String>::new(), "{token}");
+        }
+        let mut columns = FITS.to_vec();
+        columns[2] = ("token", "fencing_pair");
+        let misfits = lock_entry_misfits(&table(&columns, &[&["lock_key"]]));
+        assert_eq!(misfits.len(), 1, "{misfits:#?}");
+        assert!(misfits[0].starts_with("column token is fencing_pair, not bigint or integer or"));
     }
 
     #[test]
@@ -313,5 +403,111 @@ mod tests {
         let text = not_owner("lock_entry", &found);
         assert!(text.starts_with("public.lock_entry is owned by lockserver"));
         assert!(text.contains("run lease-sweeper migrate as lockserver"));
+    }
+
+    /// The job-queue document's own queue: its columns, none of the
+    /// sidecar's.
+    const PHASE1: &[(&str, &str)] = &[
+        ("job_id", "uuid"),
+        ("job_kind", "text"),
+        ("payload", "jsonb"),
+        ("state", "text"),
+        ("attempts", "integer"),
+        ("max_attempts", "integer"),
+        ("scheduled_at", "timestamp with time zone"),
+        ("lease_owner", "text"),
+        ("lease_until", "timestamp with time zone"),
+        ("last_error", "text"),
+        ("metadata", "jsonb"),
+        ("created_at", "timestamp with time zone"),
+        ("updated_at", "timestamp with time zone"),
+    ];
+
+    fn labels(states: &[&str]) -> Vec<String> {
+        states.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_documents_queue_fits_without_the_sidecars_own_columns() {
+        let found = table(PHASE1, &[&["job_id"]]);
+        assert_eq!(job_queue_misfits(&found, None), Vec::<String>::new());
+        let mut ours = PHASE1.to_vec();
+        ours.extend([
+            ("reaped_by", "text"),
+            ("reaped_by_role", "text"),
+            ("lease_duration_sec", "integer"),
+            ("lease_duration_source", "text"),
+        ]);
+        let found = table(&ours, &[&["job_id"]]);
+        assert_eq!(job_queue_misfits(&found, None), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_missing_column_the_reaper_reads_is_named_and_an_optional_one_is_not() {
+        let columns: Vec<_> = PHASE1
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != "lease_until" && *n != "updated_at")
+            .collect();
+        let misfits = job_queue_misfits(&table(&columns, &[]), None);
+        assert_eq!(
+            misfits,
+            [
+                "no column lease_until (the lease's deadline)",
+                "no column updated_at (set when the reaper resets a job)",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_optional_column_the_reaper_cannot_use_is_refused_by_name() {
+        let mut columns = PHASE1.to_vec();
+        columns.push(("lease_duration_sec", "text"));
+        let misfits = job_queue_misfits(&table(&columns, &[]), None);
+        assert_eq!(misfits.len(), 1, "{misfits:#?}");
+        assert!(
+            misfits[0].starts_with("column lease_duration_sec is text, not integer (optional:"),
+            "{misfits:#?}"
+        );
+    }
+
+    #[test]
+    fn a_state_enum_with_the_five_states_fits_and_each_missing_label_is_named() {
+        let mut columns = PHASE1.to_vec();
+        columns[3] = ("state", "job_state");
+        let found = table(&columns, &[]);
+        let all = labels(&[
+            "queued",
+            "leased",
+            "retry_waiting",
+            "succeeded",
+            "dead_letter",
+            "cancelled",
+        ]);
+        assert_eq!(job_queue_misfits(&found, Some(&all)), Vec::<String>::new());
+        let without = labels(&["queued", "retry_waiting", "succeeded"]);
+        let misfits = job_queue_misfits(&found, Some(&without));
+        assert_eq!(misfits.len(), 2, "{misfits:#?}");
+        assert!(
+            misfits[0].starts_with("state's enum type job_state has no label 'leased' ("),
+            "{misfits:#?}"
+        );
+        assert!(
+            misfits[1].starts_with("state's enum type job_state has no label 'dead_letter' ("),
+            "{misfits:#?}"
+        );
+    }
+
+    #[test]
+    fn a_state_neither_text_nor_an_enum_is_refused() {
+        let mut columns = PHASE1.to_vec();
+        columns[3] = ("state", "integer");
+        let misfits = job_queue_misfits(&table(&columns, &[]), None);
+        assert_eq!(misfits.len(), 1, "{misfits:#?}");
+        assert!(
+            misfits[0]
+                .starts_with("column state is integer, not text or character varying or an enum"),
+            "{misfits:#?}"
+        );
     }
 }

@@ -1,8 +1,10 @@
 //! The job queue in PostgreSQL: the statements on it, each returning its SQL
 //! function's JSON as text (no sqlx JSON feature; the CLI prints what the
 //! database said), and `PgJobQueue`, the job reaper's `JobQueue` on its own
-//! connection, with the `job_set_aside` line only it sees. Not the reaping
-//! rules (SQL, `migrations/`) nor when to reap (`sweep::job_reaper`).
+//! connection, with the `job_set_aside` line only it sees; where there is no
+//! job queue (a lock server without one) it answers every pass with a
+//! closed gate saying so. Not the reaping rules (SQL, `migrations/`) nor
+//! when to reap (`sweep::job_reaper`).
 
 use sqlx::{FromRow, PgConnection, Row as _};
 
@@ -74,6 +76,52 @@ SELECT pg_catalog.jsonb_build_object(
 /// clears the kind's duration), `$3` = actor. Rejects an empty kind or actor
 /// and seconds outside 1..86400 with SQLSTATE 22023.
 pub const SET_KIND_LEASE: &str = "SELECT fn_job_kind_lease_set($1, $2, $3)::text";
+
+/// Whether the queue has per-kind lease durations (`job_kind_lease`): the
+/// stand-in does; a queue adopted as its own tool made it may not.
+pub const HAS_KIND_LEASES: &str = "SELECT pg_catalog.to_regclass('job_kind_lease') IS NOT NULL";
+
+pub async fn has_kind_leases(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(HAS_KIND_LEASES)
+        .persistent(false)
+        .fetch_one(conn)
+        .await
+}
+
+/// Which parts of per-kind lease durations the queue on the search path
+/// has: no row without a `job_queue`.
+pub const LEASE_DURATION_PARTS: &str = "
+SELECT pg_catalog.to_regclass('job_kind_lease') IS NOT NULL AS kind_table,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p
+                WHERE p.proname OPERATOR(pg_catalog.=) 'fn_job_kind_lease_set'
+                  AND pg_catalog.pg_function_is_visible(p.oid)) AS setter,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
+         WHERE a.attrelid OPERATOR(pg_catalog.=) q.oid AND NOT a.attisdropped
+           AND a.attname OPERATOR(pg_catalog.=) ANY ('{lease_duration_sec,lease_duration_source}'::pg_catalog.name[]))
+       OPERATOR(pg_catalog.=) 2 AS recorded
+  FROM (SELECT pg_catalog.to_regclass('job_queue') AS oid) AS q
+ WHERE q.oid IS NOT NULL";
+
+/// `LEASE_DURATION_PARTS`' row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
+pub struct LeaseDurationParts {
+    /// `job_kind_lease`: each kind's own duration.
+    pub kind_table: bool,
+    /// `fn_job_kind_lease_set`, which `leases set`/`clear` call.
+    pub setter: bool,
+    /// `job_queue.lease_duration_sec` and `lease_duration_source`: the
+    /// lease each claim gave, which the dry run reports.
+    pub recorded: bool,
+}
+
+pub async fn lease_duration_parts(
+    conn: &mut PgConnection,
+) -> Result<Option<LeaseDurationParts>, sqlx::Error> {
+    sqlx::query_as(LEASE_DURATION_PARTS)
+        .persistent(false)
+        .fetch_optional(conn)
+        .await
+}
 
 pub async fn dry_run(conn: &mut PgConnection, limit: i32) -> Result<String, sqlx::Error> {
     sqlx::query_scalar(DRY_RUN)
@@ -184,10 +232,28 @@ struct GatesRow {
 /// The `backend` tag: this queue lives in PostgreSQL.
 const BACKEND: &str = "pg";
 
+/// Whether the daemon's role sees no `job_queue` (nor the `queue_setting`
+/// its gates live in) on its search path: a lock server that runs without a
+/// job queue, beside which `migrate` creates none.
+pub const NO_JOB_QUEUE_HERE: &str = "SELECT pg_catalog.to_regclass('job_queue') IS NULL \
+     OR pg_catalog.to_regclass('queue_setting') IS NULL AS absent";
+
+/// The gates' refusal while there is no job queue: the reaper logs it once
+/// (`job_reaper_gated`), as it logs any closed gate, and idles.
+pub const NO_JOB_QUEUE: &str = "no job_queue in the lock server's schema: the job reaper idles; \
+     lease-sweeper migrate adopts a job queue once one exists there";
+
+/// SQLSTATE `undefined_table`: what the gates' statement fails with where
+/// there is no job queue.
+const UNDEFINED_TABLE: &str = "42P01";
+
 /// The job reaper's view of the queue, on the connection it shares with the
 /// horizon check.
 pub struct PgJobQueue {
     db: SharedDb,
+    /// There was no job queue at the last pass: the next one asks only
+    /// `NO_JOB_QUEUE_HERE`, never the gates' statement, which would fail.
+    absent: bool,
 }
 
 impl PgJobQueue {
@@ -198,7 +264,19 @@ impl PgJobQueue {
 
     /// On `db`, shared with the horizon check.
     pub fn on(db: SharedDb) -> Self {
-        Self { db }
+        Self { db, absent: false }
+    }
+
+    /// The pass's start while there is no job queue: closed, nothing stale,
+    /// nothing abandoned (nothing was ever reaped here).
+    fn idle() -> PassStart {
+        PassStart {
+            gates: Gates::Refuse {
+                reason: NO_JOB_QUEUE.to_owned(),
+                stale: 0,
+            },
+            abandoned: false,
+        }
     }
 }
 
@@ -214,12 +292,32 @@ impl JobQueue for PgJobQueue {
         // The one statement calls all three: a failure names them.
         const WHAT: &str =
             "fn_job_reaper_gate_refusal, fn_job_stale_lease_count, fn_job_reap_handoff_abandoned";
+        const WHAT_ABSENT: &str = "whether there is a job_queue";
         let mut db = self.db.lock(Work::JobQueue).await;
-        let conn = db.conn().await?;
-        let row = conn::probe_row(conn, GATES_THEN_STALE)
-            .await
-            .and_then(|row| GatesRow::from_row(&row))
-            .map_err(|e| db.query_failed(WHAT, e))?;
+        if self.absent {
+            let absent = queue_absent(db.conn().await?).await;
+            if absent.map_err(|e| db.query_failed(WHAT_ABSENT, e))? {
+                return Ok(Self::idle());
+            }
+            self.absent = false;
+        }
+        let probed = conn::probe_row(db.conn().await?, GATES_THEN_STALE).await;
+        let row = match probed {
+            Err(e) if is_undefined_table(&e) => {
+                // Gone, or never there: idle (said once, by the reaper's
+                // gate line) rather than fail every pass.
+                let absent = queue_absent(db.conn().await?).await;
+                let absent = absent.map_err(|e| db.query_failed(WHAT_ABSENT, e))?;
+                if !absent {
+                    return Err(db.query_failed(WHAT, e));
+                }
+                self.absent = true;
+                return Ok(Self::idle());
+            }
+            other => other
+                .and_then(|row| GatesRow::from_row(&row))
+                .map_err(|e| db.query_failed(WHAT, e))?,
+        };
         let abandoned = row.abandoned;
         let Some(text) = row.refusal else {
             return Ok(PassStart {
@@ -363,6 +461,19 @@ fn log_set_aside(jobs: &[SetAsideJob]) {
             "job_set_aside"
         );
     }
+}
+
+/// `NO_JOB_QUEUE_HERE`, in one simple-protocol round trip.
+async fn queue_absent(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    conn::probe_row(conn, NO_JOB_QUEUE_HERE)
+        .await
+        .and_then(|row| row.try_get::<bool, _>("absent"))
+}
+
+fn is_undefined_table(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == UNDEFINED_TABLE)
 }
 
 /// A count from PostgreSQL (`bigint`, never negative) as the gauge's `u64`.

@@ -99,9 +99,9 @@ pub const EXPECTED: &[Object] = &[
     Object::Table("queue_setting"),
     Object::Index("job_queue_lease_until_idx"),
     Object::Function("fn_queue_setting_set"),
-    Object::Table("job_kind_lease"),
-    Object::Function("fn_job_kind_lease_set"),
-    Object::Function("fn_job_default_lease_sec"),
+    // Per-kind lease durations (job_kind_lease, fn_job_kind_lease_set,
+    // fn_job_default_lease_sec) are optional: the line "job queue's
+    // optional features" says whether the queue has them.
     // The reaper's: the daemon's calls, then what `jobs` runs.
     Object::Table("job_reap_handoff"),
     Object::Function("fn_job_reaper_gate_refusal"),
@@ -172,7 +172,7 @@ pub const GRANTS: &[Grant] = &[
     Grant {
         on: Object::Table("job_queue"),
         privileges: &[
-            "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until, lease_duration_sec, lease_duration_source)",
+            "SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until)",
         ],
         why: "the stale count behind queue.lease.stale.current reads it",
     },

@@ -18,6 +18,7 @@ use sqlx::PgConnection;
 use crate::config::{DbTarget, Redactor, StatsdTarget};
 
 mod connection;
+mod functions;
 mod inventory;
 mod report;
 mod schema;
@@ -87,15 +88,31 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
         Err(e) => lines.push(query_failed(LOCK_SERVER.into(), redactor, &e)),
     }
     let (migrated, none_applied) = migrations(conn, redactor).await;
-    let mut objects = Vec::with_capacity(EXPECTED.len());
-    for object in EXPECTED {
+    // Beside a lock server without a job queue the reaper idles: one line
+    // says so instead of a FAIL per queue table and grant.
+    let no_job_queue = match crate::pg::conn::in_tx(conn, job_queue::absent).await {
+        Ok(absent) => absent,
+        Err(e) => {
+            lines.push(query_failed(job_queue::JOB_REAPER.into(), redactor, &e));
+            false
+        }
+    };
+    let expected: Vec<Object> = EXPECTED
+        .iter()
+        .copied()
+        .filter(|object| {
+            !(no_job_queue && inventory::Whose::of(*object) == inventory::Whose::JobQueue)
+        })
+        .collect();
+    let mut objects = Vec::with_capacity(expected.len());
+    for object in &expected {
         let what = object.to_string();
         objects.push(checked(conn, redactor, what, async |c| exists(c, *object).await).await);
     }
     let never_migrated_here = none_applied
         && objects
             .iter()
-            .zip(EXPECTED)
+            .zip(&expected)
             .filter(|(_, object)| inventory::Whose::of(**object) == inventory::Whose::Sidecar)
             .all(|(line, _)| missing_everywhere(line));
     if never_migrated_here {
@@ -103,9 +120,32 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
         // above says what `migrate` will add).
         lines.push(never_migrated(objects.len()));
     } else {
+        // A schema newer than this binary (an upgrade rolling out) makes
+        // other function text expected, not a failure.
+        let newer_schema = migrated.status == Status::Warn;
         lines.push(migrated);
+        let mut texts = checked(conn, redactor, functions::FUNCTIONS.into(), async |c| {
+            functions::function_texts(c, newer_schema).await
+        })
+        .await;
+        if texts.failed() && texts.detail.contains("(SQLSTATE 42501)") {
+            texts
+                .detail
+                .push_str("; GRANT SELECT ON TABLE lease_sweeper_sql TO <this role>");
+        }
+        lines.push(texts);
+        if no_job_queue {
+            lines.push(job_queue::idle());
+        }
         lines.extend(objects);
-        grants(conn, redactor, lines).await;
+        grants(conn, redactor, no_job_queue, lines).await;
+        let features =
+            crate::pg::conn::in_tx(conn, crate::pg::job_queue::lease_duration_parts).await;
+        match features {
+            Ok(Some(parts)) => lines.push(queue_features(parts)),
+            Ok(None) => {}
+            Err(e) => lines.push(query_failed(QUEUE_FEATURES.into(), redactor, &e)),
+        }
     }
     let owners = checked(conn, redactor, DEFINER_OWNERS.into(), definer_owners).await;
     lines.push(owners);
@@ -115,13 +155,109 @@ async fn database_checks(conn: &mut PgConnection, redactor: &Redactor, lines: &m
     lines.push(view);
 }
 
-async fn grants(conn: &mut PgConnection, redactor: &Redactor, lines: &mut Vec<Line>) {
+async fn grants(
+    conn: &mut PgConnection,
+    redactor: &Redactor,
+    no_job_queue: bool,
+    lines: &mut Vec<Line>,
+) {
     for grant in GRANTS {
+        if no_job_queue && inventory::Whose::of(grant.on) == inventory::Whose::JobQueue {
+            continue;
+        }
         let what = format!("grant {} on {}", grant.privileges.join(", "), grant.on);
         let line = checked(conn, redactor, what.clone(), async |c| {
             granted(c, grant, &what).await
         });
         lines.push(line.await);
+    }
+}
+
+/// Which of the sidecar's optional features the job queue supports.
+const QUEUE_FEATURES: &str = "job queue's optional features";
+
+/// Per-kind lease durations: `ok` where the queue has every part, `warn`
+/// (not a failure: the reaper and the dry run work without them) naming
+/// what it lacks where it does not, as a queue adopted as its own tool made
+/// it may not.
+fn queue_features(parts: crate::pg::job_queue::LeaseDurationParts) -> Line {
+    let missing: Vec<&str> = [
+        (parts.kind_table, "job_kind_lease"),
+        (parts.setter, "fn_job_kind_lease_set"),
+        (
+            parts.recorded,
+            "job_queue's lease_duration_sec and lease_duration_source",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(there, what)| (!there).then_some(what))
+    .collect();
+    if missing.is_empty() {
+        return Line::ok(
+            QUEUE_FEATURES,
+            "per-kind lease durations: yes (job_kind_lease, fn_job_kind_lease_set, and the lease \
+             each claim gave in job_queue): `leases` shows and sets them, and the dry run says \
+             which lease each job was given",
+        );
+    }
+    Line::warn(
+        QUEUE_FEATURES,
+        format!(
+            "per-kind lease durations: no (the job queue lacks {}): the reaper and the dry run \
+             work all the same, reaping whatever passed its lease_until; `leases` is not \
+             available{}",
+            lacks(&missing),
+            if parts.recorded {
+                ""
+            } else {
+                ", and the dry run does not say which lease each job was given"
+            }
+        ),
+    )
+}
+
+/// The job reaper where there is no job queue.
+mod job_queue {
+    use sqlx::PgConnection;
+
+    use super::Line;
+
+    pub(super) const JOB_REAPER: &str = "job reaper";
+
+    /// The sidecar is installed (its `lease_sweeper_sql` is somewhere) and
+    /// no relation named `job_queue` is anywhere in the database (not
+    /// merely out of this role's sight, which the table's own line
+    /// reports). A database never migrated keeps its one line.
+    pub(super) async fn absent(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+        use crate::pg::catalog::relation_schemas_anywhere;
+        Ok(relation_schemas_anywhere(conn, "lease_sweeper_sql")
+            .await?
+            .is_some()
+            && relation_schemas_anywhere(conn, "job_queue")
+                .await?
+                .is_none())
+    }
+
+    /// Not a warning: a lock server may run without a job queue, and the
+    /// reaper idling beside it is what it should do.
+    pub(super) fn idle() -> Line {
+        Line::ok(
+            JOB_REAPER,
+            "idle: there is no job_queue in this database (the lock server runs without a job \
+             queue, and migrate creates the stand-in queue only in an empty database); nothing to \
+             reap, and lease-sweeper migrate adopts a job queue once one exists in the lock \
+             server's schema",
+        )
+    }
+}
+
+/// `a`, `a and b`, `a, b, and c`.
+fn lacks(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [one, two] => format!("{one} and {two}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
     }
 }
 

@@ -33,6 +33,13 @@ pub async fn run_leases(
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     let mut conn = open(target).await?;
+    let has = in_tx(&mut conn, async |c| q::has_kind_leases(c).await)
+        .await
+        .map_err(|e| db_error(target, "looking for job_kind_lease", &e))?;
+    if !has {
+        conn.close().await.ok();
+        anyhow::bail!(NO_KIND_LEASES);
+    }
     let (kind, seconds, actor) = match cmd {
         None => {
             let text = in_tx(&mut conn, async |c| q::show_leases(c).await)
@@ -69,6 +76,14 @@ pub async fn run_leases(
         }
     })
 }
+
+/// Said on a queue without per-kind lease durations (one adopted as its own
+/// tool made it, with no `job_kind_lease`).
+pub(crate) const NO_KIND_LEASES: &str = "the adopted job queue has no per-kind lease durations \
+     (no table job_kind_lease on this role's search path): its own claims decide how long a job is \
+     leased, and the reaper reaps whatever passed its lease_until all the same; `leases` shows and \
+     changes per-kind durations only on a queue that has them, such as the stand-in `migrate` \
+     creates where there is no job queue";
 
 /// What the `leases` commands need, said when the role lacks it: the
 /// daemon's own role may run `gates` but holds nothing on kind durations.

@@ -49,7 +49,8 @@ pub async fn run_jobs(
     let refusal = match &cmd {
         JobsCommand::DryRun(_) => {
             let report: DryRunReport = decode(&text)?;
-            print(out, &text, format, || Ok(dry_run_table(&report)))?;
+            let leases = records_leases(&text);
+            print(out, &text, format, || Ok(dry_run_table(&report, leases)))?;
             report.refused.then_some(report.reason)
         }
         JobsCommand::Apply { .. } => {
@@ -82,6 +83,22 @@ fn job_cells(
     ]
 }
 
+/// Whether the dry run's jobs carry the lease their claim gave: a queue
+/// that records it (the stand-in) names both fields in every job; a queue
+/// without those columns leaves them out, and so does the table. True with
+/// no jobs, which have no rows to say it in.
+fn records_leases(text: &str) -> bool {
+    let Ok(report) = serde_json::from_str::<serde_json::Value>(text) else {
+        return true;
+    };
+    match report.get("jobs").and_then(|jobs| jobs.as_array()) {
+        Some(jobs) if !jobs.is_empty() => {
+            jobs.iter().any(|j| j.get("lease_duration_sec").is_some())
+        }
+        _ => true,
+    }
+}
+
 /// The lease a dry-run job was last given and where it came from
 /// (`30s kind`), or `-` when no claim or heartbeat recorded one.
 fn lease_cell(j: &DryRunJob) -> String {
@@ -91,7 +108,9 @@ fn lease_cell(j: &DryRunJob) -> String {
     }
 }
 
-fn dry_run_table(report: &DryRunReport) -> String {
+/// The dry run for a person; the LEASE column only where the queue
+/// records leases (`leases`).
+fn dry_run_table(report: &DryRunReport, leases: bool) -> String {
     if report.refused {
         return refusal_table(report.reason.as_deref());
     }
@@ -106,15 +125,14 @@ fn dry_run_table(report: &DryRunReport) -> String {
                 j.attempts,
                 j.max_attempts,
             );
-            row.extend([
-                lease_cell(j),
-                j.overdue_seconds.to_string(),
-                j.would_action.clone(),
-            ]);
+            if leases {
+                row.push(lease_cell(j));
+            }
+            row.extend([j.overdue_seconds.to_string(), j.would_action.clone()]);
             row
         })
         .collect();
-    let mut out = table::render(
+    let headers: &[&str] = if leases {
         &[
             "JOB",
             "KIND",
@@ -123,14 +141,21 @@ fn dry_run_table(report: &DryRunReport) -> String {
             "LEASE",
             "OVERDUE_S",
             "WOULD",
-        ],
-        &rows,
-    );
+        ]
+    } else {
+        &["JOB", "KIND", "OWNER", "ATTEMPTS", "OVERDUE_S", "WOULD"]
+    };
+    let mut out = table::render(headers, &rows);
     out.push_str(&format!(
-        "\n{} stale job lease(s); showing {} (--limit {}); dry run: nothing was changed\n",
+        "\n{} stale job lease(s); showing {} (--limit {}); dry run: nothing was changed{}\n",
         report.stale_lease_count,
         report.jobs.len(),
         report.limit.map_or("-".to_owned(), |l| l.to_string()),
+        if leases {
+            ""
+        } else {
+            "; this queue does not record the lease each claim gave"
+        },
     ));
     out
 }
@@ -240,7 +265,7 @@ mod tests {
         let want = "refused: queue.lease.reaper_enabled=false\n\
                     to open that gate: lease-sweeper gates set queue.lease.reaper_enabled true --actor NAME\n";
         assert_eq!(
-            (apply_table(&apply), dry_run_table(&dry)),
+            (apply_table(&apply), dry_run_table(&dry, true)),
             (want.into(), want.into())
         );
     }
@@ -248,7 +273,8 @@ mod tests {
     #[test]
     fn the_dry_run_table_says_each_jobs_lease_and_the_total() {
         let text = r#"{"jobs": [{"job_id": "j-1", "job_kind": "k\nFORGED", "attempts": 0, "lease_owner": "w", "lease_until": "2026-01-01T00:00:00+00:00", "max_attempts": 5, "would_action": "reset_to_retry_waiting", "overdue_seconds": 61, "lease_duration_sec": 30, "lease_duration_source": "kind"}], "limit": 10, "mutation": false, "evaluated_at": "2026-01-01T00:01:01+00:00", "stale_lease_count": 4}"#;
-        let table = dry_run_table(&decode(text).unwrap());
+        assert!(records_leases(text));
+        let table = dry_run_table(&decode(text).unwrap(), records_leases(text));
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
@@ -267,6 +293,30 @@ mod tests {
         assert_eq!(
             lines[3],
             "4 stale job lease(s); showing 1 (--limit 10); dry run: nothing was changed"
+        );
+    }
+
+    #[test]
+    fn on_a_queue_that_records_no_lease_the_dry_run_table_has_no_lease_column() {
+        let text = r#"{"jobs": [{"job_id": "j-1", "job_kind": "k", "attempts": 4, "lease_owner": "w", "lease_until": "2026-01-01T00:00:00+00:00", "max_attempts": 5, "would_action": "move_to_dead_letter", "overdue_seconds": 7}], "limit": 10, "mutation": false, "evaluated_at": "2026-01-01T00:00:07+00:00", "stale_lease_count": 1}"#;
+        assert!(!records_leases(text));
+        let table = dry_run_table(&decode(text).unwrap(), records_leases(text));
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[..2],
+            [
+                vec!["JOB", "KIND", "OWNER", "ATTEMPTS", "OVERDUE_S", "WOULD"],
+                vec!["j-1", "k", "w", "4/5", "7", "move_to_dead_letter"],
+            ],
+            "{table}"
+        );
+        assert_eq!(
+            table.lines().last().unwrap(),
+            "1 stale job lease(s); showing 1 (--limit 10); dry run: nothing was changed; \
+             this queue does not record the lease each claim gave"
         );
     }
 
