@@ -1,21 +1,28 @@
--- The sidecar's own tables, type, role and grants.
+-- The sidecar's own tables, type, role and grants, as the first release
+-- (0.1.0) has them.
 --
 -- `lease-sweeper migrate` applies this after it has made sure a lock server
--- schema (`lock_entry`) and a job substrate (`job_queue`) are there, adopted
--- or created from sql/lock_server.sql and sql/job_substrate.sql, and before
--- it applies the functions in sql/functions/ and the triggers in
--- sql/lock_entry_hooks.sql. Its history is `lease_sweeper_migrations`, never
--- a table another tool may keep (`_sqlx_migrations`, flyway_schema_history).
+-- schema (`lock_entry`) is there, adopted or created from
+-- sql/lock_server.sql (with the stand-in job queue of sql/job_substrate.sql
+-- only in a database that had neither), and before it applies the functions
+-- in sql/functions/ and the triggers in sql/lock_entry_hooks.sql. Its
+-- history is `lease_sweeper_migrations`, never a table another tool may keep
+-- (`_sqlx_migrations`, flyway_schema_history).
 --
--- Every statement tolerates what an earlier build of this project left in
--- the database, so such a database upgrades in place: the tables exist
--- already (IF NOT EXISTS, and the changes to them below), and that build's
--- functions are dropped at the end, to be created again from sql/functions/.
+-- Every statement tolerates what a build before the first release left in
+-- the database (IF NOT EXISTS, and the changes to its tables below), so such
+-- a database upgrades in place; `migrate` forgets that build's history row
+-- (version 20261207000100) before it runs this.
 --
--- Nothing here creates, alters or constrains a lock server or queue table.
--- The only things it does to them are the two reaper gates it inserts into
--- `queue_setting` and the SELECT it grants `lease_sweeper` on the columns the
--- reaper reads: `lease-sweeper remove` takes back exactly those.
+-- From the first release on, a migration only adds (expand): whatever the
+-- previous release's daemon reads or calls keeps working, and goes (contract)
+-- a release later.
+--
+-- Nothing here creates, alters, constrains or grants on a lock server or
+-- queue table: what the sidecar needs of a job queue (its two gate rows, the
+-- SELECT for `lease_sweeper`) is sql/job_queue_access.sql, applied by every
+-- `migrate` where there is a queue, so a queue that comes later is adopted
+-- by the next `migrate`.
 
 -- The daemon's role: NOLOGIN, granted to the login role each host connects
 -- as (docs/least-privilege.md). Roles are cluster-wide and every database of
@@ -93,34 +100,38 @@ BEGIN
 END
 $$;
 
--- Expired leases that left lock_entry by another way than a sweep, recorded
--- in the same statement by the triggers of sql/lock_entry_hooks.sql and
--- drained by sweepers, which report each as lease_expired with this
--- `reaped_by`: `takeover` (an acquire stole the expired row; `new_token` is
--- the thief's) or `release` (the holder deleted its row after its deadline).
--- `taken_over_at` is when it left the table. While no sweeper runs it grows
+-- Expired leases that left lock_entry, or came back to life, by another way
+-- than a sweep, recorded in the same statement by the triggers of
+-- sql/lock_entry_hooks.sql and drained by sweepers, which report each as
+-- lease_expired with this `reaped_by`: `takeover` (an acquire stole the
+-- expired row; `new_token` is the thief's), `release` (the holder deleted its
+-- row after its deadline) or `renewal` (the holder moved its passed deadline
+-- forward and holds the lease still). `taken_over_at` is when that happened.
+-- Tokens are kept as their text, whatever type the lock server's token
+-- column has (NULL where its token is NULL). While no sweeper runs it grows
 -- by one row per such event; the first sweeper to start drains it.
 CREATE TABLE IF NOT EXISTS lock_expiry_outbox (
     outbox_id     bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lock_key      text        NOT NULL,
     owner_id      text        NOT NULL,
-    token         bigint      NOT NULL,
+    token         text,
     expires_at    timestamptz NOT NULL,
     taken_over_at timestamptz NOT NULL DEFAULT now(),
-    new_token     bigint,
+    new_token     text,
+    reaped_by     text        NOT NULL DEFAULT 'takeover',
     CONSTRAINT lock_expiry_outbox_expires_at_finite CHECK (isfinite(expires_at)),
     CONSTRAINT lock_expiry_outbox_taken_over_at_finite CHECK (isfinite(taken_over_at))
 );
-ALTER TABLE lock_expiry_outbox ALTER COLUMN new_token DROP NOT NULL;
+-- A build before the first release kept bigint tokens and two reasons.
+ALTER TABLE lock_expiry_outbox ALTER COLUMN token DROP NOT NULL,
+                               ALTER COLUMN token TYPE text USING token::text,
+                               ALTER COLUMN new_token DROP NOT NULL,
+                               ALTER COLUMN new_token TYPE text USING new_token::text;
 ALTER TABLE lock_expiry_outbox
     ADD COLUMN IF NOT EXISTS reaped_by text NOT NULL DEFAULT 'takeover';
-DO $$
-BEGIN
-    ALTER TABLE lock_expiry_outbox ADD CONSTRAINT lock_expiry_outbox_reaped_by
-        CHECK (reaped_by IN ('takeover', 'release'));
-EXCEPTION WHEN duplicate_object THEN NULL;
-END
-$$;
+ALTER TABLE lock_expiry_outbox DROP CONSTRAINT IF EXISTS lock_expiry_outbox_reaped_by;
+ALTER TABLE lock_expiry_outbox ADD CONSTRAINT lock_expiry_outbox_reaped_by
+    CHECK (reaped_by IN ('takeover', 'release', 'renewal'));
 REVOKE ALL ON TABLE lock_expiry_outbox FROM PUBLIC;
 
 -- A swept batch, committed with its deletion before its lines are written,
@@ -132,7 +143,7 @@ CREATE TABLE IF NOT EXISTS lock_reap_handoff (
     written_at        timestamptz NOT NULL DEFAULT pg_catalog.now(),
     lock_keys         text[]      NOT NULL,
     owner_ids         text[]      NOT NULL,
-    tokens            bigint[]    NOT NULL,
+    tokens            text[]      NOT NULL,
     expired_at_millis bigint[],
     overdue_millis    bigint[]
 );
@@ -154,6 +165,8 @@ BEGIN
     END IF;
 END
 $$;
+-- Tokens as their text (a build before the first release kept bigint).
+ALTER TABLE lock_reap_handoff ALTER COLUMN tokens TYPE text[] USING tokens::text[];
 ALTER TABLE lock_reap_handoff ALTER COLUMN expired_at_millis SET NOT NULL,
                               ALTER COLUMN overdue_millis SET NOT NULL;
 ALTER TABLE lock_reap_handoff DROP CONSTRAINT IF EXISTS lock_reap_handoff_one_length_each;
@@ -206,17 +219,27 @@ REVOKE ALL ON TABLE job_reap_handoff FROM PUBLIC;
 
 -- The row the reaping functions collect a batch in before they return it,
 -- so a row that cannot be deleted is set aside without losing the others.
+-- The functions that return its token as bigint (a build before the first
+-- release) go first: they are created again, returning text, right after.
+DROP FUNCTION IF EXISTS
+    lock_reap_batch(integer, bigint),
+    lock_reap_expired(integer, bigint),
+    lock_drain_takeovers(integer),
+    lock_handoff_recover();
 DO $$
 BEGIN
     IF pg_catalog.to_regtype('lock_reaped_lease') IS NULL THEN
         CREATE TYPE lock_reaped_lease AS (
-            lock_key text, owner_id text, token bigint, expired_at_millis bigint,
+            lock_key text, owner_id text, token text, expired_at_millis bigint,
             overdue_millis bigint, set_aside_error text, reaped_by text);
-    ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
-                       WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
-                                          WHERE oid = 'lock_reaped_lease'::pg_catalog.regtype)
-                         AND attname = 'reaped_by' AND NOT attisdropped) THEN
-        ALTER TYPE lock_reaped_lease ADD ATTRIBUTE reaped_by text;
+    ELSE
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                           WHERE oid = 'lock_reaped_lease'::pg_catalog.regtype)
+                          AND attname = 'reaped_by' AND NOT attisdropped) THEN
+            ALTER TYPE lock_reaped_lease ADD ATTRIBUTE reaped_by text;
+        END IF;
+        ALTER TYPE lock_reaped_lease ALTER ATTRIBUTE token TYPE text;
     END IF;
 END
 $$;
@@ -230,28 +253,15 @@ CREATE TABLE IF NOT EXISTS lease_sweeper_sql (
 );
 REVOKE ALL ON TABLE lease_sweeper_sql FROM PUBLIC;
 
--- The reaper's two gates, closed: reaping needs an operator to open both
--- (and the substrate's own gate).
-INSERT INTO queue_setting (key, value, updated_by) VALUES
-    ('queue.lease.reaper_enabled', 'false', 'lease-sweeper migrate'),
-    ('queue.lease.reaper_dry_run_only', 'true', 'lease-sweeper migrate')
-ON CONFLICT (key) DO NOTHING;
-
--- What the daemon reads directly (everything else goes through its
--- functions): the gates, and the dry run's columns of job_queue, never
--- payload, metadata or last_error.
-GRANT SELECT ON queue_setting TO lease_sweeper;
-GRANT SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until,
-              lease_duration_sec, lease_duration_source)
-    ON job_queue TO lease_sweeper;
 -- `check` compares what this database has applied with what it was built with.
 GRANT SELECT ON lease_sweeper_sql, lease_sweeper_migrations TO lease_sweeper;
 
--- An earlier build's functions: dropped, so sql/functions/ is the whole
--- truth (the ones still needed are created again right after, in the same
--- `migrate`). An earlier build's daemon fails its passes from here until it
--- is restarted with this build; the daemons already upgraded sweep
--- meanwhile, and nothing is lost: rows and hand-offs wait in the tables.
+-- The functions of builds before the first release that no build ships any
+-- more, by the signatures they had. A daemon of such a build fails its
+-- passes from here until it is restarted with a release; the daemons
+-- already upgraded sweep meanwhile, and nothing is lost: rows and hand-offs
+-- wait in the tables. From the first release on, `migrate` drops a function
+-- only a release after the binary stopped shipping it.
 DROP FUNCTION IF EXISTS
     lock_reap_busy(integer),
     lock_reap_waiters(),
@@ -264,12 +274,15 @@ DROP FUNCTION IF EXISTS
     lock_reap_expired_handed_off(integer, bigint),
     lock_handoff_put(text[], text[], bigint[], bigint[], bigint[]),
     lock_sweep_probe(bigint),
-    lock_reap_expired(integer, bigint),
     lock_reap_expired_fast(integer, timestamptz),
-    lock_drain_takeovers(integer),
-    lock_handoff_recover(),
     fn_job_reap_handoff_put(text),
     fn_job_reap_stale_leases_apply_handed_off(text, integer);
+-- Of those, and of the four dropped before the type above changed, the ones
+-- sql/functions/ still ships are created again by the same `migrate` only if
+-- their recorded text is forgotten here.
+DELETE FROM lease_sweeper_sql
+ WHERE name IN ('lock_sweep_probe', 'fn_job_reap_stale_leases_apply_handed_off', 'lock_reap_batch',
+                'lock_reap_expired', 'lock_drain_takeovers', 'lock_handoff_recover');
 
 -- An earlier build kept its history in _sqlx_migrations. Its rows there are
 -- this project's own (each version with its description); the table goes

@@ -8,13 +8,15 @@
 --
 -- What goes: what `migrate` added (sql/lock_entry_hooks.sql's triggers,
 -- every function of sql/functions/, the tables and type of migrations/, the
--- reaper's two gate rows, the grants to lease_sweeper, the expiry index if
--- `migrate` built it, the sidecar's history). What stays, exactly as it was:
+-- reaper's two gate rows where it inserted them and their audit, the grants
+-- to lease_sweeper, the expiry index if `migrate` built it, the sidecar's
+-- history). What stays, exactly as it was:
 -- the lock server's and the queue's tables, rows, sequences, triggers and
 -- history, and the cluster-wide role lease_sweeper (other databases may use
 -- it: `DROP ROLE lease_sweeper` once none does).
 
 DROP TRIGGER IF EXISTS lock_entry_takeover ON lock_entry;
+DROP TRIGGER IF EXISTS lock_entry_late_renewal ON lock_entry;
 DROP TRIGGER IF EXISTS lock_entry_late_release ON lock_entry;
 
 DO $$
@@ -54,14 +56,90 @@ DROP TABLE lock_expiry_outbox, lock_reap_handoff, lock_held_count, lock_held_del
            job_reap_handoff, lease_sweeper_sql, lease_sweeper_migrations;
 DROP TYPE lock_reaped_lease;
 
-DELETE FROM queue_setting
- WHERE key IN ('queue.lease.reaper_enabled', 'queue.lease.reaper_dry_run_only');
-
+-- The reaper's two gate rows, only where `migrate` inserted them: a row it
+-- inserted says so (updated_by) until an operator sets it, and is then the
+-- operator's setting, kept. A queue that had the keys already, and the
+-- stand-in queue (it has them from the start), keep theirs. Where the queue
+-- audits its settings (queue_setting_audit, the job-queue document's shape),
+-- the rows recording migrate's inserts go too (written in the same
+-- transaction, so at the row's updated_at), and so do the rows the audit
+-- trigger writes for these deletions (written by this transaction): the
+-- audit is as it was before `migrate`.
 DO $$
+DECLARE
+    c_gates CONSTANT text[] := ARRAY['queue.lease.reaper_enabled', 'queue.lease.reaper_dry_run_only'];
+    v_audited boolean;
+    v_deleted text[];
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'lease_sweeper') THEN
-        -- Revoking a table's privilege revokes its column privileges too.
-        REVOKE ALL ON queue_setting, job_queue FROM lease_sweeper;
+    IF pg_catalog.to_regclass('queue_setting') IS NULL THEN
+        RETURN;  -- a lock server without a job queue: migrate inserted nothing
+    END IF;
+    v_audited := pg_catalog.to_regclass('queue_setting_audit') IS NOT NULL
+        AND (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
+              WHERE a.attrelid = pg_catalog.to_regclass('queue_setting_audit') AND NOT a.attisdropped
+                AND a.attname IN ('key', 'old_value', 'new_value', 'changed_at')) = 4;
+    IF v_audited THEN
+        DELETE FROM queue_setting_audit AS a
+         USING queue_setting AS s
+         WHERE s.key = ANY (c_gates) AND s.updated_by = 'lease-sweeper migrate'
+           AND a.key = s.key AND a.old_value IS NULL AND a.new_value = s.value
+           AND a.changed_at = s.updated_at;
+    END IF;
+    WITH gone AS (
+        DELETE FROM queue_setting AS s
+         WHERE s.key = ANY (c_gates) AND s.updated_by = 'lease-sweeper migrate'
+        RETURNING s.key)
+    SELECT pg_catalog.array_agg(gone.key) INTO v_deleted FROM gone;
+    IF v_audited AND v_deleted IS NOT NULL THEN
+        DELETE FROM queue_setting_audit AS a
+         WHERE a.key = ANY (v_deleted) AND a.new_value IS NULL
+           AND a.xmin = pg_catalog.pg_current_xact_id()::pg_catalog.xid;
+    END IF;
+END
+$$;
+
+-- Every privilege lease_sweeper holds in this schema besides on the
+-- sidecar's own objects (dropped above): what `migrate` granted it, the
+-- schema's USAGE and SELECT on the queue's settings and on columns of
+-- job_queue. Revoking leaves each ACL as it was before the grant; one that
+-- was the owner's default (NULL) stays written out, the same privileges.
+DO $$
+DECLARE
+    v_rel regclass;
+    v_column name;
+    v_function regprocedure;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'lease_sweeper') THEN
+        RETURN;
+    END IF;
+    FOR v_rel IN
+        SELECT c.oid::regclass FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+           AND EXISTS (SELECT 1 FROM pg_catalog.aclexplode(c.relacl) AS x
+                        WHERE x.grantee = 'lease_sweeper'::pg_catalog.regrole)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON TABLE %s FROM lease_sweeper', v_rel);
+    END LOOP;
+    FOR v_rel, v_column IN
+        SELECT a.attrelid::regclass, a.attname FROM pg_catalog.pg_attribute AS a
+          JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
+         WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+           AND EXISTS (SELECT 1 FROM pg_catalog.aclexplode(a.attacl) AS x
+                        WHERE x.grantee = 'lease_sweeper'::pg_catalog.regrole)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL (%I) ON TABLE %s FROM lease_sweeper', v_column, v_rel);
+    END LOOP;
+    FOR v_function IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc AS p
+         WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+           AND EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) AS x
+                        WHERE x.grantee = 'lease_sweeper'::pg_catalog.regrole)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM lease_sweeper', v_function);
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace AS n, pg_catalog.aclexplode(n.nspacl) AS x
+                WHERE n.oid = pg_catalog.current_schema()::pg_catalog.regnamespace
+                  AND x.grantee = 'lease_sweeper'::pg_catalog.regrole) THEN
         EXECUTE pg_catalog.format('REVOKE USAGE ON SCHEMA %I FROM lease_sweeper', pg_catalog.current_schema());
     END IF;
 END

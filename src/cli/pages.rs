@@ -70,18 +70,25 @@ DESCRIPTION:
   Installs the sidecar into the lock server's database, or upgrades it. Where the lock
   server's lock_entry (and the queue's job_queue) exist, it adopts them: it checks the
   columns the sweep reads and adds only its own objects (its tables, functions, role and
-  grants, two triggers on lock_entry, and the expiry index if none exists, built
+  grants, three triggers on lock_entry, and the expiry index if none exists, built
   CONCURRENTLY); it never re-creates, rewrites or constrains their tables and never
   touches their migration history. A table that does not fit is refused, nothing changed,
-  each missing or unusable column named. Where none exist (a new install), it creates a
-  stand-in lock server and job queue. The triggers' lock on lock_entry is waited for at
-  most 100 ms at a time and tried again. Run it as the owner of the lock server's tables
-  or a superuser (the first time per cluster, a role that may create roles). Safe to run
-  again and from several hosts. During an upgrade, migrate before starting new binaries.
+  each missing or unusable column named. Where neither exists (a new install), it creates
+  a stand-in lock server and job queue; beside a lock server of its own without a job
+  queue it creates none, and the job reaper idles (a later migrate adopts a job queue once
+  one exists). It is one unit: the versioned migrations and the functions (added,
+  replaced, and dropped once no longer shipped) commit together or not at all, so a
+  failure leaves the functions the daemons call; then the triggers, whose lock on
+  lock_entry is waited for at most 100 ms at a time and tried again, then the index. Run
+  it as the owner of the lock server's tables or a superuser (the first time per cluster,
+  a role that may create roles). Safe to run again, and from several hosts at once: each
+  holds a session advisory lock for the whole run, and the second finds the first's work
+  done. During an upgrade, migrate before starting new binaries.
 
 OUTPUT:
-  One `migrated` line on stderr: the schema, lockServer and jobQueue (adopted or
-  created), and what this run applied.
+  One `migrated` line on stderr: the schema, lockServer (adopted or created), jobQueue
+  (adopted, created or absent), and what this run applied and dropped; beside no job
+  queue, a `job_reaper_idle` line saying why.
 
 EXAMPLES:
   LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper migrate
@@ -99,15 +106,17 @@ SEE ALSO:
 pub(super) const REMOVE_HEAD: &str = "\
 DESCRIPTION:
   Takes the sidecar out of the database again: its triggers on lock_entry, its functions,
-  tables and history, the reaper's two gate rows, its grants, and the expiry index if
-  migrate built it. The lock server's and the queue's tables, rows, triggers and history
-  stay exactly as they were, and so does the cluster-wide role lease_sweeper. One short
+  tables and history, the reaper's two gate rows where migrate inserted them (and the
+  queue's audit of that), its grants, and the expiry index if migrate built it: the
+  database is as migrate found it. The lock server's and the queue's tables, rows,
+  triggers and history stay exactly as they were, and so does the cluster-wide role
+  lease_sweeper. Where the sidecar is not installed it does nothing. One short
   transaction, its lock on lock_entry waited for at most 100 ms at a time. Refuses,
   changing nothing, while takeovers, late releases or swept batches wait to be reported:
   run the daemon until `check` shows none, stop every daemon, then remove.
 
 OUTPUT:
-  One `removed` line on stderr.
+  One `removed` line on stderr, or `not_installed` where there was nothing to remove.
 
 EXAMPLES:
   LOCKDB_URL=postgres://locks_owner@db.internal:5432/locks lease-sweeper remove
@@ -116,7 +125,7 @@ EXAMPLES:
 
 pub(super) const REMOVE_TAIL: &str = "
 EXIT STATUS:
-  0 removed, 1 refused, not installed, or the database could not be reached,
+  0 removed (or not installed), 1 refused or the database could not be reached,
   2 configuration error
 
 SEE ALSO:
@@ -151,12 +160,13 @@ DESCRIPTION:
   FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.
 
 OUTPUT (stdout):
-  ok    migrations: all 1 applied (latest 20261207000100)
+  ok    migrations: 1 of 1 versioned migrations applied (latest 20261207000200)
+  ok    functions: all 27 of this binary's functions are installed with its text
   FAIL  grant EXECUTE on function lock_reap_batch: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_batch TO <this role>
-  check FAILED: 1 of 50 checks failed (see the FAIL lines above); the migrated role
+  check FAILED: 1 of 49 checks failed (see the FAIL lines above); the migrated role
         lease_sweeper holds every privilege listed: GRANT lease_sweeper TO <this role>
-  A database that passes ends with: check passed: all 50 checks ok
+  A database that passes ends with: check passed: all 49 checks ok
   A database never migrated gets one line for its migrations, objects and grants:
   FAIL  schema: not migrated (...); run `lease-sweeper migrate` with a role that may create objects
 

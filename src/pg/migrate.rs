@@ -62,6 +62,82 @@ pub const LOCK_TRIES: u32 = 120;
 /// its own.
 pub const BUILT_INDEX_COMMENT: &str = built_index_comment!();
 
+/// The session advisory lock every `migrate` and `remove` holds from its
+/// first look at the database to its last statement (the lock is per
+/// database, so other databases of the cluster go on). Invariant: at most
+/// one of them decides what is there and changes the sidecar's objects at a
+/// time, so two hosts never race on the stand-ins, the versioned migrations,
+/// the functions, the triggers or the expiry index, and the second one to
+/// come finds the first one's work done. The bytes spell `leaswep1`; nothing
+/// else of this project takes an advisory lock in a lock server's database.
+/// (sqlx's migrator takes its own lock too, inside this one, for its part.)
+pub const MIGRATE_LOCK_KEY: i64 = 0x6c65_6173_7765_7031;
+
+/// How long a `migrate` or `remove` that finds the lock held waits before it
+/// tries again. It polls (`pg_try_advisory_lock`) rather than blocking in
+/// `pg_advisory_lock`: a statement blocked there holds a snapshot, and the
+/// holder's `CREATE INDEX CONCURRENTLY` waits for every snapshot older than
+/// its own, which would make the two wait on each other until PostgreSQL
+/// cancels one as a deadlock.
+pub const MIGRATE_LOCK_PAUSE: Duration = Duration::from_millis(250);
+
+/// Takes `MIGRATE_LOCK_KEY` if it is free (polled, see
+/// `MIGRATE_LOCK_PAUSE`).
+const TRY_MIGRATE_LOCK: &str = "SELECT pg_catalog.pg_try_advisory_lock($1)";
+/// Who holds `MIGRATE_LOCK_KEY` in this database, for the waiting line.
+const MIGRATE_LOCK_HOLDER: &str = "SELECT pg_catalog.format('pid %s (%s, %s)', a.pid, \
+         coalesce(nullif(a.application_name, ''), 'no application_name'), coalesce(a.client_addr::pg_catalog.text, 'local')) \
+     FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid \
+    WHERE l.locktype = 'advisory' AND l.granted AND l.database = \
+          (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = pg_catalog.current_database()) \
+      AND l.objsubid = 1 AND ((l.classid::pg_catalog.int8 << 32) | l.objid::pg_catalog.int8) = $1 LIMIT 1";
+/// Releases every session advisory lock this session holds: ours, and
+/// sqlx's when a failed migration left it taken.
+const RELEASE_MIGRATE_LOCK: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
+
+/// Takes `MIGRATE_LOCK_KEY`, calling `waiting` once with who holds it when
+/// it is held.
+async fn take_migrate_lock(
+    conn: &mut PgConnection,
+    waiting: impl FnOnce(&str),
+) -> Result<(), MigrateError> {
+    let mut waiting = Some(waiting);
+    loop {
+        let had: bool = sqlx::query_scalar(TRY_MIGRATE_LOCK)
+            .bind(MIGRATE_LOCK_KEY)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(sql_failed("taking the migrate lock"))?;
+        if had {
+            return Ok(());
+        }
+        if let Some(waiting) = waiting.take() {
+            let holder: Option<String> = sqlx::query_scalar(MIGRATE_LOCK_HOLDER)
+                .bind(MIGRATE_LOCK_KEY)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(sql_failed("looking for the holder of the migrate lock"))?;
+            waiting(holder.as_deref().unwrap_or("a session that has just ended"));
+        }
+        tokio::time::sleep(MIGRATE_LOCK_PAUSE).await;
+    }
+}
+
+/// Runs `body` holding `MIGRATE_LOCK_KEY`, and releases it however `body`
+/// ends (the session ending would release it too).
+async fn under_migrate_lock<T>(
+    conn: &mut PgConnection,
+    waiting: impl FnOnce(&str),
+    body: impl AsyncFnOnce(&mut PgConnection) -> Result<T, MigrateError>,
+) -> Result<T, MigrateError> {
+    take_migrate_lock(conn, waiting).await?;
+    let result = body(conn).await;
+    let released = raw(conn, RELEASE_MIGRATE_LOCK, "releasing the migrate lock").await;
+    let done = result?;
+    released?;
+    Ok(done)
+}
+
 /// Whose tables the sidecar sweeps: adopted, or created from its stand-in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -69,6 +145,10 @@ pub enum Origin {
     Adopted,
     /// There were none; `migrate` created the stand-in.
     Created,
+    /// There is none and `migrate` created none (a job queue beside an
+    /// adopted lock server is the operator's to bring): the job reaper
+    /// idles, and a later `migrate` adopts the queue once it exists.
+    Absent,
 }
 
 /// What one `migrate` did.
@@ -80,8 +160,12 @@ pub struct Installed {
     pub job_queue: Origin,
     /// Versioned migrations applied by this run.
     pub migrations_applied: usize,
-    /// Function files applied because their text changed (or was new).
+    /// Function files applied because their text changed (or was new, or
+    /// the function was missing).
     pub functions_applied: usize,
+    /// Functions the database recorded that this binary no longer ships,
+    /// dropped (every overload) with their records.
+    pub functions_dropped: Vec<String>,
     /// The triggers on `lock_entry` were (re)created, after this many tries
     /// for its lock; `None` when they were current.
     pub hooks_tries: Option<u32>,
@@ -124,6 +208,18 @@ pub enum MigrateError {
     },
     #[error("{0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
+    /// A step of the one transaction of the stand-ins, the versioned
+    /// migrations and the functions failed: all of it was rolled back.
+    #[error(
+        "{what} failed: {source}; this run's stand-ins, versioned migrations and functions were \
+         rolled back together, so the database keeps the functions the daemons call; fix that, \
+         then run lease-sweeper migrate again"
+    )]
+    Unit {
+        what: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error(
         "{what}: lock_entry stayed locked for {tries} tries of {LOCK_TIMEOUT} each (a long \
          transaction of the lock server, or DDL, holds it: see pg_locks); nothing was left half \
@@ -140,10 +236,19 @@ fn sql_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> MigrateErr
 }
 
 /// Installs or upgrades the sidecar; safe to run again and from several
-/// hosts at once (a session advisory lock serialises the versioned part:
-/// run it directly against PostgreSQL or through a session-mode pool, never
-/// through PgBouncer in transaction mode). Run by the lock server's tables'
-/// owner or a superuser where they exist (docs/adopting.md).
+/// hosts at once (`MIGRATE_LOCK_KEY`, a session advisory lock, serialises
+/// the whole of it: run it directly against PostgreSQL or through a
+/// session-mode pool, never through PgBouncer in transaction mode). Run by
+/// the lock server's tables' owner or a superuser where they exist
+/// (docs/adopting.md).
+///
+/// One unit: the stand-ins (where there are none), the versioned
+/// migrations and the functions (added, replaced, and dropped when no
+/// longer shipped) commit in one transaction or not at all, so a failure
+/// leaves the functions the daemons were calling. The triggers follow in a
+/// short transaction of their own (they call only functions that exist by
+/// then), and the expiry index last (`CREATE INDEX CONCURRENTLY` cannot run
+/// in a transaction; an interrupted build is redone next time).
 ///
 /// Refuses first when a schema on the search path holds a function or
 /// operator named like a built-in and owned by a role that is neither a
@@ -152,6 +257,19 @@ fn sql_failed(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> MigrateErr
 /// validated at creation (`check_function_bodies = off`, as pg_dump restores
 /// do), so their order does not matter.
 pub async fn migrate(conn: &mut PgConnection) -> Result<Installed, MigrateError> {
+    migrate_saying_when_waiting(conn, |_| {}).await
+}
+
+/// `migrate`, calling `waiting` once, with who holds the lock, when another
+/// `migrate` or `remove` holds it (the command says so while it waits).
+pub async fn migrate_saying_when_waiting(
+    conn: &mut PgConnection,
+    waiting: impl FnOnce(&str),
+) -> Result<Installed, MigrateError> {
+    under_migrate_lock(conn, waiting, migrate_locked).await
+}
+
+async fn migrate_locked(conn: &mut PgConnection) -> Result<Installed, MigrateError> {
     let planted: Option<String> = sqlx::query_scalar(crate::pg::catalog::PLANTED_OVERLOADS)
         .fetch_one(&mut *conn)
         .await
@@ -195,7 +313,16 @@ async fn judge(
         fits("lock_entry", found, adopt::lock_entry_misfits(found))?;
     }
     if let Some(found) = job_queue {
-        fits("job_queue", found, adopt::job_queue_misfits(found))?;
+        let labels: Option<Vec<String>> = sqlx::query_scalar(STATE_ENUM_LABELS)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(sql_failed("reading the type of job_queue.state"))?
+            .flatten();
+        fits(
+            "job_queue",
+            found,
+            adopt::job_queue_misfits(found, labels.as_deref()),
+        )?;
         for piece in JOB_PIECES {
             let there: bool = sqlx::query_scalar(piece.exists)
                 .fetch_one(&mut *conn)
@@ -205,8 +332,61 @@ async fn judge(
                 return Err(MigrateError::JobPieceMissing(piece.name));
             }
         }
+        dead_letter_callable(conn).await?;
     }
     Ok(())
+}
+
+/// The labels of `job_queue.state`'s type when it is an enum; NULL (or no
+/// row) otherwise.
+const STATE_ENUM_LABELS: &str = "
+SELECT CASE WHEN t.typtype OPERATOR(pg_catalog.=) 'e' THEN
+            ARRAY(SELECT e.enumlabel::pg_catalog.text FROM pg_catalog.pg_enum AS e
+                   WHERE e.enumtypid OPERATOR(pg_catalog.=) t.oid ORDER BY e.enumsortorder) END
+  FROM pg_catalog.pg_attribute AS a
+  JOIN pg_catalog.pg_type AS t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+ WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('job_queue')
+   AND a.attname OPERATOR(pg_catalog.=) 'state' AND NOT a.attisdropped";
+
+/// The queue's own dead-letter move, as the reaper calls it for each job at
+/// its last attempt: the job, the final error, the actor; its JSON is the
+/// action's `dead_letter`.
+const DEAD_LETTER_CALL: &str = "fn_job_move_to_dead_letter(uuid, text, text) returning jsonb";
+
+/// Whether `fn_job_move_to_dead_letter(uuid, text, text)` returns jsonb;
+/// and, when not, every visible function of that name with what it returns.
+const DEAD_LETTER_FITS: &str = "
+SELECT COALESCE((SELECT p.prorettype OPERATOR(pg_catalog.=) 'pg_catalog.jsonb'::pg_catalog.regtype
+                   FROM pg_catalog.pg_proc AS p
+                  WHERE p.oid OPERATOR(pg_catalog.=)
+                        pg_catalog.to_regprocedure('fn_job_move_to_dead_letter(uuid, text, text)')), false),
+       (SELECT pg_catalog.string_agg(p.oid::pg_catalog.regprocedure::pg_catalog.text
+                                     OPERATOR(pg_catalog.||) ' returning '
+                                     OPERATOR(pg_catalog.||) pg_catalog.format_type(p.prorettype, NULL),
+                                     ', ' ORDER BY p.oid)
+          FROM pg_catalog.pg_proc AS p
+         WHERE p.proname OPERATOR(pg_catalog.=) 'fn_job_move_to_dead_letter'
+           AND pg_catalog.pg_function_is_visible(p.oid))";
+
+/// Refuses when the queue's `fn_job_move_to_dead_letter` is not one the
+/// reaper can call, naming what was found and what is needed.
+async fn dead_letter_callable(conn: &mut PgConnection) -> Result<(), MigrateError> {
+    let (fits, found): (bool, Option<String>) = sqlx::query_as(DEAD_LETTER_FITS)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(sql_failed("looking at fn_job_move_to_dead_letter"))?;
+    match (fits, found) {
+        (true, _) => Ok(()),
+        (false, None) => Err(MigrateError::JobPieceMissing(
+            "the function fn_job_move_to_dead_letter(uuid, text, text)",
+        )),
+        (false, Some(found)) => Err(MigrateError::Refused(format!(
+            "refusing to adopt the job queue, nothing was changed: its fn_job_move_to_dead_letter is \
+             {found}, and the reaper calls {DEAD_LETTER_CALL} (the job, the final error, the actor) \
+             for each job at its last attempt, carrying its JSON as the action's dead_letter \
+             (docs/adopting.md)"
+        ))),
+    }
 }
 
 /// `table` as found may be adopted: it has no `misfits` and this role may
@@ -229,7 +409,9 @@ fn fits(
     Ok(())
 }
 
-/// What the reaper needs of a job queue besides `job_queue`.
+/// What the reaper needs of a job queue besides `job_queue`. Per-kind
+/// lease durations (`job_kind_lease`) are optional: the reaper only asks
+/// `lease_until < now()`, and `leases` says when a queue has none.
 struct Piece {
     name: &'static str,
     exists: &'static str,
@@ -245,12 +427,10 @@ const JOB_PIECES: &[Piece] = &[
         exists: "SELECT pg_catalog.to_regclass('queue_setting') IS NOT NULL",
     },
     Piece {
-        name: "the table job_kind_lease (lease durations per kind, which the dry run reports)",
-        exists: "SELECT pg_catalog.to_regclass('job_kind_lease') IS NOT NULL",
-    },
-    Piece {
-        name: "the function fn_job_move_to_dead_letter(uuid, text, text)",
-        exists: "SELECT pg_catalog.to_regprocedure('fn_job_move_to_dead_letter(uuid, text, text)') IS NOT NULL",
+        name: "the function fn_job_move_to_dead_letter",
+        exists: "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p \
+                  WHERE p.proname OPERATOR(pg_catalog.=) 'fn_job_move_to_dead_letter' \
+                    AND pg_catalog.pg_function_is_visible(p.oid))",
     },
 ];
 
@@ -259,36 +439,67 @@ async fn install(
     lock_server_there: bool,
     job_queue_there: bool,
 ) -> Result<Installed, MigrateError> {
+    // The stand-in queue only beside the stand-in lock server (an empty
+    // database): beside a lock server of its own, a job queue is the
+    // operator's to bring, and the reaper idles until there is one
+    // (docs/decisions.md).
+    let create_job_queue = !lock_server_there && !job_queue_there;
+    // One transaction: what the daemons call is replaced all at once, or
+    // not at all. sqlx's migrator runs each migration in a savepoint of it.
+    let mut tx = conn.begin().await.map_err(sql_failed("BEGIN"))?;
     if !lock_server_there {
-        in_one_tx(
-            conn,
+        raw(
+            &mut tx,
             sql::LOCK_SERVER,
             "creating the stand-in lock server (sql/lock_server.sql)",
         )
-        .await?;
+        .await
+        .map_err(in_the_unit)?;
     }
-    if !job_queue_there {
-        in_one_tx(
-            conn,
+    if create_job_queue {
+        raw(
+            &mut tx,
             sql::JOB_SUBSTRATE,
             "creating the stand-in job queue (sql/job_substrate.sql)",
         )
-        .await?;
+        .await
+        .map_err(in_the_unit)?;
     }
     let schema: String = sqlx::query_scalar("SELECT pg_catalog.current_schema()::pg_catalog.text")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *tx)
         .await
         .map_err(sql_failed("reading the current schema"))?;
-    let before = applied_count(conn).await;
-    MIGRATOR.run(&mut *conn).await?;
-    let migrations_applied = applied_count(conn).await.saturating_sub(before);
-    let functions_applied = apply_functions(conn).await?;
+    raw(
+        &mut tx,
+        FORGET_PRE_RELEASE,
+        "forgetting the history of a build before the first release",
+    )
+    .await
+    .map_err(in_the_unit)?;
+    let before = applied_count(&mut tx).await?;
+    MIGRATOR.run(&mut tx).await?;
+    let migrations_applied = applied_count(&mut tx).await?.saturating_sub(before);
+    let functions = apply_functions(&mut tx).await.map_err(in_the_unit)?;
+    raw(
+        &mut tx,
+        sql::JOB_QUEUE_ACCESS,
+        "applying sql/job_queue_access.sql",
+    )
+    .await
+    .map_err(in_the_unit)?;
+    tx.commit()
+        .await
+        .map_err(sql_failed(
+            "COMMIT of the versioned migrations and the functions",
+        ))
+        .map_err(in_the_unit)?;
     // What `check` reads too: whether both triggers and a deadline index
     // are there.
     let found = crate::pg::catalog::adoption(conn)
         .await
         .map_err(sql_failed("looking at lock_entry's triggers and indexes"))?;
-    let hooks_tries = apply_hooks(conn, found.triggers == 2).await?;
+    let hooks_tries =
+        apply_hooks(conn, found.triggers == crate::pg::catalog::HOOK_TRIGGERS).await?;
     let index_built = found.deadline_index.is_none();
     if index_built {
         build_expiry_index(conn).await?;
@@ -302,25 +513,54 @@ async fn install(
         },
         job_queue: if job_queue_there {
             Origin::Adopted
-        } else {
+        } else if create_job_queue {
             Origin::Created
+        } else {
+            Origin::Absent
         },
         migrations_applied,
-        functions_applied,
+        functions_applied: functions.applied,
+        functions_dropped: functions.dropped,
         hooks_tries,
         index_built,
     })
 }
 
+/// Builds before the first release recorded their one migration as version
+/// 20261207000100; the first release's migration replaces it and tolerates
+/// what it left, so that row is forgotten before the migrations run (sqlx
+/// refuses a database that applied a migration the binary lacks).
+const FORGET_PRE_RELEASE: &str = "DO $$ BEGIN \
+     IF pg_catalog.to_regclass('lease_sweeper_migrations') IS NOT NULL THEN \
+         DELETE FROM lease_sweeper_migrations WHERE version = 20261207000100; \
+     END IF; END $$";
+
+/// A statement of the one transaction failed: said as such, since the
+/// whole of it was rolled back.
+fn in_the_unit(e: MigrateError) -> MigrateError {
+    match e {
+        MigrateError::Sql { what, source } => MigrateError::Unit { what, source },
+        other => other,
+    }
+}
+
 /// How many sidecar migrations the database records (0 before the first).
-async fn applied_count(conn: &mut PgConnection) -> usize {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT CASE WHEN pg_catalog.to_regclass('lease_sweeper_migrations') IS NULL THEN 0 \
-         ELSE (SELECT pg_catalog.count(*) FROM lease_sweeper_migrations) END",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_or(0, |n| usize::try_from(n).unwrap_or(0))
+/// Asked in two statements, never one that fails: inside `migrate`'s
+/// transaction a failed statement would abort everything after it.
+async fn applied_count(conn: &mut PgConnection) -> Result<usize, MigrateError> {
+    let there: bool =
+        sqlx::query_scalar("SELECT pg_catalog.to_regclass('lease_sweeper_migrations') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(sql_failed("looking for lease_sweeper_migrations"))?;
+    if !there {
+        return Ok(0);
+    }
+    let n: i64 = sqlx::query_scalar("SELECT pg_catalog.count(*) FROM lease_sweeper_migrations")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(sql_failed("counting the applied migrations"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 /// Whether `lease_sweeper_sql` records `$1` with the SHA-256 of text `$2`;
@@ -352,29 +592,89 @@ async fn record(conn: &mut PgConnection, name: &str, text: &str) -> Result<(), M
     Ok(())
 }
 
-/// Applies, in one transaction, each function file whose text differs from
-/// the one the database recorded, then pins the definers' search path.
-/// CREATE OR REPLACE keeps a function's grants and callers; no table lock.
-async fn apply_functions(conn: &mut PgConnection) -> Result<usize, MigrateError> {
-    let mut tx = conn.begin().await.map_err(sql_failed("BEGIN"))?;
+/// Whether function `$1` is in the sidecar's schema with the text `$2` as
+/// `lease_sweeper_sql` records it: a record whose function was dropped
+/// since (by hand, or by a migration that changes its signature) is not.
+const FUNCTION_CURRENT: &str = "SELECT s.sha256 = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to($2, 'UTF8')), 'hex') \
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p \
+                         WHERE p.proname = s.name \
+                           AND p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace) \
+     FROM lease_sweeper_sql AS s WHERE s.name = $1";
+
+/// The names `lease_sweeper_sql` records that are not in `$1` (the names
+/// the binary keeps): what `sql::DROP_UNSHIPPED` drops.
+const UNSHIPPED: &str = "SELECT s.name FROM lease_sweeper_sql AS s \
+     WHERE s.name <> ALL ($1::pg_catalog.text[]) ORDER BY s.name";
+
+/// Hands `sql::DROP_UNSHIPPED` the names it keeps, for this transaction.
+const KEEP: &str = "SELECT pg_catalog.set_config('lease_sweeper.kept', $1, true)";
+
+/// What the function step did.
+struct FunctionsApplied {
+    applied: usize,
+    dropped: Vec<String>,
+}
+
+/// In the caller's transaction: drops the recorded functions the binary no
+/// longer ships (`sql::DROP_UNSHIPPED`, all their overloads), applies each
+/// shipped one whose text differs from the recorded one or which is
+/// missing, then pins the definers' search path. CREATE OR REPLACE keeps a
+/// function's grants and callers; no table lock.
+async fn apply_functions(conn: &mut PgConnection) -> Result<FunctionsApplied, MigrateError> {
+    let kept: Vec<&str> = sql::FUNCTIONS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain([HOOKS])
+        .chain(sql::RETIRED.iter().copied())
+        .collect();
+    let dropped: Vec<String> = sqlx::query_scalar(UNSHIPPED)
+        .bind(&kept)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(sql_failed(
+            "reading which recorded functions are no longer shipped",
+        ))?;
+    if !dropped.is_empty() {
+        sqlx::query(KEEP)
+            .bind(kept.join(","))
+            .execute(&mut *conn)
+            .await
+            .map_err(sql_failed("naming the functions kept"))?;
+        raw(
+            conn,
+            sql::DROP_UNSHIPPED,
+            &format!(
+                "dropping the functions no longer shipped ({})",
+                dropped.join(", ")
+            ),
+        )
+        .await?;
+    }
     let mut applied = 0;
     for (name, text) in sql::FUNCTIONS {
-        if current(&mut tx, name, text).await? {
+        let same: Option<bool> = sqlx::query_scalar(FUNCTION_CURRENT)
+            .bind(name)
+            .bind(text)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(sql_failed(format!("reading the recorded text of {name}")))?;
+        if same == Some(true) {
             continue;
         }
         sqlx::raw_sql(*text)
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await
-            .map_err(sql_failed(format!("sql/functions/{name}.sql")))?;
-        record(&mut tx, name, text).await?;
+            .map_err(sql_failed(format!("applying sql/functions/{name}.sql")))?;
+        record(conn, name, text).await?;
         applied += 1;
     }
-    sqlx::raw_sql(sql::PIN_SEARCH_PATH)
-        .execute(&mut *tx)
-        .await
-        .map_err(sql_failed("sql/pin_search_path.sql"))?;
-    tx.commit().await.map_err(sql_failed("COMMIT"))?;
-    Ok(applied)
+    raw(
+        conn,
+        sql::PIN_SEARCH_PATH,
+        "applying sql/pin_search_path.sql",
+    )
+    .await?;
+    Ok(FunctionsApplied { applied, dropped })
 }
 
 /// The name `lease_sweeper_sql` records the triggers' text under.
@@ -478,38 +778,44 @@ async fn raw(conn: &mut PgConnection, sql: &'static str, what: &str) -> Result<(
     Ok(())
 }
 
-async fn in_one_tx(
-    conn: &mut PgConnection,
-    sql: &'static str,
-    what: &str,
-) -> Result<(), MigrateError> {
-    let mut tx = conn.begin().await.map_err(sql_failed("BEGIN"))?;
-    sqlx::raw_sql(sql)
-        .execute(&mut *tx)
-        .await
-        .map_err(sql_failed(what))?;
-    tx.commit().await.map_err(sql_failed("COMMIT"))
+/// What one `remove` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// The sidecar was taken out, after this many tries for `lock_entry`'s
+    /// lock.
+    Removed { tries: u32 },
+    /// It was not installed (no `lease_sweeper_sql` table): nothing to do,
+    /// as after a `remove` that already ran.
+    NotInstalled,
 }
 
-/// Takes the sidecar out (`sql/remove.sql`), in one transaction with a short
-/// lock wait, tried again while the lock server holds `lock_entry`. Refuses,
-/// changing nothing, while an expiry waits to be reported, or where the
-/// sidecar is not installed.
-pub async fn remove(conn: &mut PgConnection) -> Result<u32, MigrateError> {
-    let installed: Option<String> = sqlx::query_scalar(
-        "SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_class AS c \
-           JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace \
-          WHERE c.relname = 'lease_sweeper_sql' AND c.relkind = 'r' \
-          ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) LIMIT 1",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(sql_failed("looking for the sidecar"))?;
+/// Where the sidecar is installed: the schema of its `lease_sweeper_sql`,
+/// the first on the search path when there are several.
+const INSTALLED_SCHEMA: &str = "SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_class AS c \
+       JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace \
+      WHERE c.relname = 'lease_sweeper_sql' AND c.relkind = 'r' \
+      ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) LIMIT 1";
+
+/// Takes the sidecar out (`sql/remove.sql`), holding `MIGRATE_LOCK_KEY`
+/// (`waiting` as for `migrate_saying_when_waiting`), in
+/// one transaction with a short lock wait, tried again while the lock server
+/// holds `lock_entry`. Refuses, changing nothing, while an expiry waits to be
+/// reported. Where the sidecar is not installed it does nothing and says so,
+/// so a second `remove` (or two at once) succeeds.
+pub async fn remove(
+    conn: &mut PgConnection,
+    waiting: impl FnOnce(&str),
+) -> Result<Removed, MigrateError> {
+    under_migrate_lock(conn, waiting, remove_locked).await
+}
+
+async fn remove_locked(conn: &mut PgConnection) -> Result<Removed, MigrateError> {
+    let installed: Option<String> = sqlx::query_scalar(INSTALLED_SCHEMA)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(sql_failed("looking for the sidecar"))?;
     let Some(schema) = installed else {
-        return Err(MigrateError::Refused(
-            "the sidecar is not installed in this database (no lease_sweeper_sql table): nothing to remove"
-                .to_owned(),
-        ));
+        return Ok(Removed::NotInstalled);
     };
     sqlx::query("SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), false)")
         .bind(&schema)
@@ -521,6 +827,7 @@ pub async fn remove(conn: &mut PgConnection) -> Result<u32, MigrateError> {
         Ok(())
     })
     .await
+    .map(|tries| Removed::Removed { tries })
     .map_err(|e| match e {
         MigrateError::Sql { source, .. }
             if source
@@ -548,7 +855,7 @@ mod tests {
     /// migration refuses a binary whose copy of it differs, so a landed
     /// migration is never edited (a change is a new migration); a new one
     /// adds its line here.
-    const LANDED: &[(i64, &str)] = &[(20261207000100, "775d437765c5df49")];
+    const LANDED: &[(i64, &str)] = &[(20261207000200, "a070a1aef2c8aca3")];
 
     #[test]
     fn landed_migrations_are_never_edited() {

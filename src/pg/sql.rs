@@ -19,8 +19,24 @@ pub const LOCK_ENTRY_HOOKS: &str = include_str!("../../sql/lock_entry_hooks.sql"
 /// Pins every definer's `search_path` to the schema it was installed into.
 pub const PIN_SEARCH_PATH: &str = include_str!("../../sql/pin_search_path.sql");
 
+/// The job queue's gate rows and the daemon's SELECT on it, where there is
+/// a queue; applied by every `migrate`, so a queue that comes later is
+/// adopted.
+pub const JOB_QUEUE_ACCESS: &str = include_str!("../../sql/job_queue_access.sql");
+
 /// Takes the sidecar out of the database (`lease-sweeper remove`).
 pub const REMOVE: &str = include_str!("../../sql/remove.sql");
+
+/// Drops the functions the database records that the binary no longer
+/// ships (`migrate`, with the names it keeps in `lease_sweeper.kept`).
+pub const DROP_UNSHIPPED: &str = include_str!("../../sql/drop_unshipped.sql");
+
+/// Functions the binary no longer ships but `migrate` keeps in the database
+/// for one release more, so the daemons of the release before, still
+/// running during a rolling upgrade, keep finding what they call; the
+/// `migrate` of the release after drops them (it no longer lists them
+/// here). Empty while no shipped function has been retired.
+pub const RETIRED: &[&str] = &[];
 
 /// Every function of the sidecar: its name (the file's, and the key of its
 /// row in `lease_sweeper_sql`) and its file's text.
@@ -88,6 +104,10 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
     (
         "lock_entry_record_release",
         include_str!("../../sql/functions/lock_entry_record_release.sql"),
+    ),
+    (
+        "lock_entry_record_renewal",
+        include_str!("../../sql/functions/lock_entry_record_renewal.sql"),
     ),
     (
         "lock_entry_record_takeover",

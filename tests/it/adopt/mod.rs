@@ -17,8 +17,17 @@ use crate::support::{
     Daemon, LoginRole, StatsdCapture, TestDb, count, daemon_env, events, exec, poll, run_binary,
 };
 
+mod remove;
+mod unit;
+
 /// The lock server's own migration.
 const LOCK_SERVER: &str = include_str!("lock_server.sql");
+
+mod phase1_queue;
+mod release_0_1_0;
+mod renewal;
+mod tokens;
+mod upgrade;
 
 /// The lock server's own statements, as it sends them.
 mod statements {
@@ -228,7 +237,7 @@ async fn lock_server_state(conn: &mut PgConnection) -> Vec<(String, String)> {
     }
     let triggers: Vec<String> = sqlx::query_scalar(
         "SELECT tgname::text FROM pg_trigger WHERE tgrelid = to_regclass('lock_entry') AND NOT tgisinternal
-            AND tgname NOT IN ('lock_entry_takeover', 'lock_entry_late_release') ORDER BY 1",
+            AND tgname NOT IN ('lock_entry_takeover', 'lock_entry_late_renewal', 'lock_entry_late_release') ORDER BY 1",
     )
     .fetch_all(&mut *conn)
     .await
@@ -416,7 +425,8 @@ async fn adopted_lock_server_statements_each_expiry_once() {
     sweeper.drop(&mut admin).await;
 }
 
-/// A lock_entry whose deadline has no time zone, whose token is text and
+/// A lock_entry whose deadline has no time zone, whose token is a composite
+/// (no text form a line can carry) and
 /// whose key is not unique is refused, each problem named, nothing changed.
 #[tokio::test]
 async fn unfit_lock_entry_refused_nothing_changed() {
@@ -424,7 +434,8 @@ async fn unfit_lock_entry_refused_nothing_changed() {
     let mut admin = db.connect().await;
     exec(
         &mut admin,
-        "CREATE TABLE lock_entry (lock_key text, owner_id text, token text, expires_at timestamp)",
+        "CREATE TYPE fencing_pair AS (epoch integer, seq bigint);
+         CREATE TABLE lock_entry (lock_key text, owner_id text, token fencing_pair, expires_at timestamp)",
     )
     .await;
 
@@ -433,7 +444,7 @@ async fn unfit_lock_entry_refused_nothing_changed() {
     assert_eq!(code, Some(1), "{out}");
     for part in [
         "refusing to adopt public.lock_entry, nothing was changed",
-        "column token is text, not integer or bigint",
+        "column token is fencing_pair, not bigint or integer or smallint or numeric or uuid or text or character varying",
         "column expires_at is timestamp without time zone, not timestamp with time zone",
         "lock_key is not unique by itself",
     ] {
@@ -525,205 +536,6 @@ async fn lock_entry_in_another_schema_swept() {
     drop(owner);
 }
 
-/// `remove` refuses while a recorded expiry waits to be reported, and once
-/// it is reported takes every sidecar object out: the lock server's tables
-/// keep their files, ACLs, rows, triggers and history exactly.
-#[tokio::test]
-async fn remove_leaves_the_lock_server_as_it_was() {
-    let (db, _owner, ls) = lock_server_database(None).await;
-    let mut admin = db.connect().await;
-    let mut server = LockServer(ls);
-    for i in 0..3 {
-        server
-            .try_insert(&format!("live-{i}"), "holder", 600_000)
-            .await
-            .unwrap();
-    }
-    let before = lock_server_state(&mut admin).await;
-    let history = rows_checksum(&mut admin, "flyway_schema_history").await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    // A late release is recorded: remove must not lose it.
-    let token = server.try_insert("late", "paused", 1).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(server.delete_if_owner("late", token).await);
-    let (code, out) = run_binary(&["remove"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains("refusing to remove the sidecar: 1 recorded expiries"),
-        "{out}"
-    );
-    assert!(out.contains("start lease-sweeper run"), "{out}");
-    assert_eq!(
-        count(&mut admin, "SELECT count(*) FROM lock_expiry_outbox").await,
-        1,
-        "kept"
-    );
-
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
-    daemon
-        .wait_for_events("lease_expired", 1, Duration::from_secs(20))
-        .await;
-    let (_, lines) = daemon.stop().await;
-    assert_eq!(events(&lines, "lease_expired")[0]["reapedBy"], "release");
-
-    let just_before = lock_server_state(&mut admin).await;
-    let (code, out) = run_binary(&["remove"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    let after = lock_server_state(&mut admin).await;
-    assert_eq!(
-        after, just_before,
-        "remove changed nothing of the lock server's"
-    );
-    // Since before migrate, only the lock server's own audit grew (its
-    // trigger recorded the late lease's grant).
-    let unchanged = |state: &[(String, String)]| {
-        state
-            .iter()
-            .filter(|(t, _)| t != "lock_grant_audit")
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        unchanged(&after),
-        unchanged(&before),
-        "files, ACLs, rows, triggers as before migrate"
-    );
-    assert_eq!(
-        rows_checksum(&mut admin, "flyway_schema_history").await,
-        history
-    );
-    let left = count(
-        &mut admin,
-        "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                  WHERE n.nspname = 'public' AND c.relname IN ('lock_expiry_outbox', 'lock_reap_handoff',
-                        'lock_held_count', 'lock_held_delta', 'job_reap_handoff', 'lease_sweeper_sql',
-                        'lease_sweeper_migrations'))
-              + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-                  WHERE n.nspname = 'public' AND p.proname <> 'lock_entry_audit_grant'
-                        AND (p.proname LIKE 'lock\\_%' OR p.proname LIKE 'fn\\_job\\_reap%'
-                        OR p.proname LIKE 'lease\\_%'))
-              + (SELECT count(*) FROM pg_type WHERE typname = 'lock_reaped_lease')",
-    )
-    .await;
-    assert_eq!(left, 0, "no sidecar object left");
-    // Removed twice: said plainly.
-    let (code, out) = run_binary(&["remove"], &db.url).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert!(
-        out.contains("the sidecar is not installed in this database"),
-        "{out}"
-    );
-}
-
-/// A database an earlier build migrated and swept upgrades in place: one
-/// `migrate`, then every expiry it left (unswept leases, a recorded
-/// takeover, abandoned hand-offs of both row shapes that build wrote) is
-/// reported once, its history table is gone, and a second `migrate` has
-/// nothing to do.
-#[tokio::test]
-async fn earlier_build_database_upgrades_in_place_losing_nothing() {
-    let db = TestDb::empty().await;
-    let mut restore = db.connect().await;
-    sqlx::raw_sql(include_str!("earlier_build.sql"))
-        .execute(&mut restore)
-        .await
-        .expect("the earlier build's dump restores");
-    drop(restore);
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
-    assert_eq!(
-        events(&lines, "migrated")[0]["migrationsApplied"],
-        "1",
-        "{out}"
-    );
-    let mut admin = db.connect().await;
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT count(*) FROM pg_class WHERE relname = '_sqlx_migrations'"
-        )
-        .await,
-        0
-    );
-
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
-    daemon
-        .wait_for_events("lease_expired", 9, Duration::from_secs(20))
-        .await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let (_, lines) = daemon.stop().await;
-    let mut reported = reported(&lines);
-    reported.sort();
-    let mut expected: Vec<(String, String, String)> = (1..=5)
-        .map(|i| {
-            (
-                format!("earlier-expired-{i}"),
-                (100 + i).to_string(),
-                "sweep".to_owned(),
-            )
-        })
-        .chain([
-            (
-                "earlier-handed-1".to_owned(),
-                "400".to_owned(),
-                "sweep".to_owned(),
-            ),
-            (
-                "earlier-taken".to_owned(),
-                "300".to_owned(),
-                "takeover".to_owned(),
-            ),
-            (
-                "earlier-walked-1".to_owned(),
-                "500".to_owned(),
-                "sweep".to_owned(),
-            ),
-            (
-                "earlier-walked-2".to_owned(),
-                "501".to_owned(),
-                "sweep".to_owned(),
-            ),
-        ])
-        .collect();
-    expected.sort();
-    assert_eq!(reported, expected, "each once");
-    let walked = events(&lines, "lease_expired")
-        .into_iter()
-        .find(|f| f["lockKey"] == "earlier-walked-1")
-        .unwrap();
-    assert_eq!(
-        walked["overdueMillis"], "2500",
-        "the older row shape's lateness kept"
-    );
-    assert_eq!(
-        count(&mut admin, "SELECT count(*) FROM lock_entry").await,
-        3,
-        "the live leases stay"
-    );
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
-    let again = &events(&lines, "migrated")[0];
-    assert_eq!(
-        (
-            again["migrationsApplied"].as_str(),
-            again["functionsApplied"].as_str(),
-            again["triggersApplied"].as_str()
-        ),
-        ("0", "0", "false"),
-        "{out}"
-    );
-}
-
 /// `check` on a lock server's database not yet adopted says whose
 /// lock_entry is and what `migrate` will add.
 #[tokio::test]
@@ -780,48 +592,5 @@ async fn job_queue_missing_a_column_refused() {
         )
         .await,
         0
-    );
-}
-
-/// A lock server without an index on its deadline gets one, built
-/// CONCURRENTLY by `migrate` and marked as the sidecar's; `remove` drops
-/// that one, and only that one.
-#[tokio::test]
-async fn missing_deadline_index_built_then_removed() {
-    let (db, _owner, mut ls) = lock_server_database(None).await;
-    exec(&mut ls, "DROP INDEX lock_entry_expiry_idx").await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    let lines: Vec<String> = out.lines().map(str::to_owned).collect();
-    assert_eq!(events(&lines, "migrated")[0]["indexBuilt"], "true", "{out}");
-    let mut admin = db.connect().await;
-    let comment: Option<String> =
-        sqlx::query_scalar("SELECT obj_description('lock_entry_expiry_idx'::regclass, 'pg_class')")
-            .fetch_one(&mut admin)
-            .await
-            .unwrap();
-    assert_eq!(
-        comment.as_deref(),
-        Some(lease_sweeper::testing::migrate::BUILT_INDEX_COMMENT)
-    );
-    let valid: bool = sqlx::query_scalar(
-        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'lock_entry_expiry_idx'::regclass",
-    )
-    .fetch_one(&mut admin)
-    .await
-    .unwrap();
-    assert!(valid);
-
-    let (code, out) = run_binary(&["remove"], &db.url).await;
-    assert_eq!(code, Some(0), "{out}");
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT count(*) FROM pg_class WHERE relname = 'lock_entry_expiry_idx'"
-        )
-        .await,
-        0,
-        "the index migrate built goes with the sidecar"
     );
 }

@@ -262,9 +262,10 @@ async fn failed_migration_named_with_fix() {
     let failed = &crate::support::events(&lines, "failed")[0];
     assert_eq!(failed["command"], "migrate");
     for part in [
-        "creating the stand-in lock server (sql/lock_server.sql) failed and was rolled back",
+        "creating the stand-in lock server (sql/lock_server.sql) failed",
         "relation \"lock_session\" already exists (SQLSTATE 42P07)",
-        "then run the command again",
+        "versioned migrations and functions were rolled back together",
+        "then run lease-sweeper migrate again",
     ] {
         assert!(failed["error"].contains(part), "{part:?} in {failed:?}");
     }
