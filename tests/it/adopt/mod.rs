@@ -246,6 +246,21 @@ async fn lock_server_state(conn: &mut PgConnection) -> Vec<(String, String)> {
     state
 }
 
+/// Waits, at most `within`, until nothing is left for a sweeper to report:
+/// no expired lease, recorded expiry or hand-off.
+async fn nothing_left_to_report(admin: &mut PgConnection, within: Duration) {
+    poll(within, "nothing left to report", async || {
+        let left = count(
+            admin,
+            "SELECT (SELECT count(*) FROM lock_entry WHERE expires_at <= now())
+                  + (SELECT count(*) FROM lock_expiry_outbox) + (SELECT count(*) FROM lock_reap_handoff)",
+        )
+        .await;
+        (left == 0).then_some(()).ok_or(format!("{left} left"))
+    })
+    .await;
+}
+
 /// Each `lease_expired` line as (lockKey, token, reapedBy).
 fn reported(lines: &[String]) -> Vec<(String, String, String)> {
     events(lines, "lease_expired")
@@ -385,16 +400,7 @@ async fn adopted_lock_server_statements_each_expiry_once() {
         .wait_for_events("lease_expired", 30, Duration::from_secs(20))
         .await;
     // Quiet: nothing expired or recorded is left, and one more sweep ran.
-    poll(Duration::from_secs(10), "nothing left to report", async || {
-        let left = count(
-            &mut admin,
-            "SELECT (SELECT count(*) FROM lock_entry WHERE expires_at <= now())
-                  + (SELECT count(*) FROM lock_expiry_outbox) + (SELECT count(*) FROM lock_reap_handoff)",
-        )
-        .await;
-        (left == 0).then_some(()).ok_or(format!("{left} left"))
-    })
-    .await;
+    nothing_left_to_report(&mut admin, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (_, lines) = daemon.stop().await;
     let (_, failed) = steady.stop().await;

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
 
-use super::{LockServer, lock_server_database};
+use super::{LockServer, lock_server_database, nothing_left_to_report};
 use crate::support::{
-    Daemon, LoginRole, StatsdCapture, count, daemon_env, events, exec, poll, run_binary,
+    Daemon, LoginRole, StatsdCapture, count, daemon_env, events, exec, run_binary,
 };
 
 /// extend, as a lock server without a deadline check sends it: the holder's
@@ -130,16 +130,7 @@ async fn late_renewals_reported_once_and_timely_ones_never() {
     daemon
         .wait_for_events("lease_expired", expected, Duration::from_secs(20))
         .await;
-    poll(Duration::from_secs(10), "nothing left to report", async || {
-        let left = count(
-            &mut admin,
-            "SELECT (SELECT count(*) FROM lock_entry WHERE expires_at <= now())
-                  + (SELECT count(*) FROM lock_expiry_outbox) + (SELECT count(*) FROM lock_reap_handoff)",
-        )
-        .await;
-        (left == 0).then_some(()).ok_or(format!("{left} left"))
-    })
-    .await;
+    nothing_left_to_report(&mut admin, Duration::from_secs(10)).await;
     // Not a wait for an event: one more sweep, which must add nothing.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (_, lines) = daemon.stop().await;

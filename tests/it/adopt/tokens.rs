@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use crate::support::{
-    Daemon, LoginRole, StatsdCapture, TestDb, count, daemon_env, events, exec, poll, run_binary,
-};
+use super::{nothing_left_to_report, reported};
+use crate::support::{Daemon, LoginRole, StatsdCapture, TestDb, daemon_env, exec, run_binary};
 
 /// A lock server's schema with `token` of type `token_type`, made as its
 /// owner role; tryInsert below is its acquire, stealing an expired row.
@@ -104,37 +103,15 @@ async fn report(
     daemon
         .wait_for_events("lease_expired", expected, Duration::from_secs(20))
         .await;
-    poll(
-        Duration::from_secs(10),
-        "nothing left to report",
-        async || {
-            let left = count(
-                &mut admin,
-                "SELECT (SELECT count(*) FROM lock_entry WHERE expires_at <= now())
-                  + (SELECT count(*) FROM lock_expiry_outbox)",
-            )
-            .await;
-            (left == 0).then_some(()).ok_or(format!("{left} left"))
-        },
-    )
-    .await;
+    nothing_left_to_report(&mut admin, Duration::from_secs(10)).await;
     let (_, lines) = daemon.stop().await;
     statsd
         .wait_counter("lock.lease.expired", "#backend:pg", expected as u64)
         .await;
     sweeper.drop(&mut admin).await;
-    let lines = events(&lines, "lease_expired");
-    assert_eq!(lines.len(), expected, "{token_type}: {lines:#?}");
-    lines
-        .into_iter()
-        .map(|f| {
-            (
-                f["lockKey"].clone(),
-                f["token"].clone(),
-                f["reapedBy"].clone(),
-            )
-        })
-        .collect()
+    let reported = reported(&lines);
+    assert_eq!(reported.len(), expected, "{token_type}: {reported:#?}");
+    reported.into_iter().collect()
 }
 
 fn expected(
@@ -199,16 +176,7 @@ async fn text_token_lock_server_adopted_with_takeovers() {
         .await;
     let (_, lines) = daemon.stop().await;
     sweeper.drop(&mut admin).await;
-    let got: HashSet<(String, String, String)> = events(&lines, "lease_expired")
-        .into_iter()
-        .map(|f| {
-            (
-                f["lockKey"].clone(),
-                f["token"].clone(),
-                f["reapedBy"].clone(),
-            )
-        })
-        .collect();
+    let got: HashSet<(String, String, String)> = reported(&lines).into_iter().collect();
     let want: HashSet<(String, String, String)> =
         [("no-token".into(), String::new(), "sweep".into())].into();
     assert_eq!(got, want);

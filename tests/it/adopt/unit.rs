@@ -9,6 +9,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use super::lock_server_database;
+use crate::support::bad_rows::daemon_until;
 use crate::support::{
     Daemon, StatsdCapture, TestDb, count, daemon_env, events, exec, run_binary, wait_job_passes,
 };
@@ -103,13 +104,10 @@ async fn migrate_failing_at_its_function_step_leaves_the_functions_the_daemons_c
         1,
         "the daemon's probe answers"
     );
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let mut daemon = Daemon::spawn(&daemon_env(&db.url, &port));
-    daemon
-        .wait_for_events("lease_expired", 1, Duration::from_secs(20))
-        .await;
-    let (_, swept) = daemon.stop().await;
+    let swept = daemon_until(&db, "the lease swept", |l| {
+        !events(l, "lease_expired").is_empty()
+    })
+    .await;
     assert_eq!(
         events(&swept, "lease_expired")[0]["lockKey"],
         "after-failed-migrate"

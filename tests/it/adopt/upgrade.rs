@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use sqlx::{Connection as _, PgConnection};
 
-use super::reported;
+use super::{nothing_left_to_report, reported};
 
-use crate::support::{
-    Daemon, StatsdCapture, TestDb, count, daemon_env, events, exec, poll, run_binary,
-};
+use crate::support::{Daemon, StatsdCapture, TestDb, count, daemon_env, events, exec, run_binary};
 
 /// The lock server's work while the upgrade runs: leases of 1 ms whose
 /// holders die, every `every`, and every fifth key taken over once expired.
@@ -102,16 +100,7 @@ async fn migrate_beside_running_daemons_fails_no_pass_loses_nothing() {
         .await;
     stop.store(true, Ordering::SeqCst);
     let caused = load.await.unwrap();
-    poll(Duration::from_secs(15), "nothing left to report", async || {
-        let left = count(
-            &mut admin,
-            "SELECT (SELECT count(*) FROM lock_entry WHERE expires_at <= now())
-                  + (SELECT count(*) FROM lock_expiry_outbox) + (SELECT count(*) FROM lock_reap_handoff)",
-        )
-        .await;
-        (left == 0).then_some(()).ok_or(format!("{left} left"))
-    })
-    .await;
+    nothing_left_to_report(&mut admin, Duration::from_secs(15)).await;
     daemon
         .wait_for_events("lease_expired", caused.len(), Duration::from_secs(15))
         .await;
