@@ -20,9 +20,7 @@ BEGIN
     IF pg_catalog.to_regclass('job_queue') IS NOT NULL THEN
         GRANT SELECT (job_id, job_kind, state, attempts, max_attempts, lease_owner, lease_until)
             ON job_queue TO lease_sweeper;
-        IF (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute AS a
-             WHERE a.attrelid = 'job_queue'::pg_catalog.regclass AND NOT a.attisdropped
-               AND a.attname IN ('lease_duration_sec', 'lease_duration_source')) = 2 THEN
+        IF fn_job_queue_has_columns('{lease_duration_sec,lease_duration_source}') THEN
             GRANT SELECT (lease_duration_sec, lease_duration_source) ON job_queue TO lease_sweeper;
         END IF;
     END IF;

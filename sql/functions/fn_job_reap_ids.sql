@@ -7,14 +7,8 @@ AS $function$
 DECLARE
     -- The queue records who reaped a job (reaped_by, reaped_by_role): the
     -- stand-in does, a queue adopted as its own tool made it may not. The
-    -- two reset statements below differ only in that; PL/pgSQL plans each
-    -- when it first runs, so the branch not taken never needs its columns.
-    v_records_reaper boolean := (
-        SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid OPERATOR(pg_catalog.=) 'job_queue'::pg_catalog.regclass
-           AND a.attname OPERATOR(pg_catalog.=) ANY ('{reaped_by,reaped_by_role}'::pg_catalog.name[])
-           AND NOT a.attisdropped);
+    -- two reset statements below differ only in that.
+    v_records_reaper boolean := fn_job_queue_has_columns('{reaped_by,reaped_by_role}');
     v_ids     uuid[];
     v_owners  text[];
     v_untils  timestamptz[];

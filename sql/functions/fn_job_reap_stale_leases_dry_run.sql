@@ -15,15 +15,8 @@ DECLARE
     -- Whether the queue records the lease each claim gave (the stand-in
     -- does; a queue adopted as its own tool made it may not). Without them
     -- each job's object leaves both fields out rather than guess: the
-    -- reaper itself only asks lease_until < now(). PL/pgSQL plans each
-    -- statement when it first runs, so the branch not taken never needs
-    -- the columns.
-    v_durations boolean := (
-        SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 2
-          FROM pg_catalog.pg_attribute AS a
-         WHERE a.attrelid OPERATOR(pg_catalog.=) 'job_queue'::pg_catalog.regclass
-           AND a.attname OPERATOR(pg_catalog.=) ANY ('{lease_duration_sec,lease_duration_source}'::pg_catalog.name[])
-           AND NOT a.attisdropped);
+    -- reaper itself only asks lease_until < now().
+    v_durations boolean := fn_job_queue_has_columns('{lease_duration_sec,lease_duration_source}');
 BEGIN
     IF v_refusal IS NOT NULL THEN
         RETURN v_refusal;

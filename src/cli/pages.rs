@@ -161,7 +161,7 @@ DESCRIPTION:
 
 OUTPUT (stdout):
   ok    migrations: 1 of 1 versioned migrations applied (latest 20261207000200)
-  ok    functions: all 27 of this binary's functions are installed with its text
+  ok    functions: all 28 of this binary's functions are installed with its text
   FAIL  grant EXECUTE on function lock_reap_batch: this role lacks EXECUTE, needed because
         ...; GRANT EXECUTE ON FUNCTION lock_reap_batch TO <this role>
   check FAILED: 1 of 49 checks failed (see the FAIL lines above); the migrated role

@@ -46,6 +46,10 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/fn_job_dry_run_object.sql"),
     ),
     (
+        "fn_job_queue_has_columns",
+        include_str!("../../sql/functions/fn_job_queue_has_columns.sql"),
+    ),
+    (
         "fn_job_reap_handoff_abandoned",
         include_str!("../../sql/functions/fn_job_reap_handoff_abandoned.sql"),
     ),
