@@ -19,7 +19,11 @@ DECLARE
     v_due     timestamptz[];
     v_id      uuid;
     v_letter  jsonb;
-    v_letters jsonb := '{}';
+    -- The dead letters' job ids and the function's answers, element by
+    -- element: appended in place (an object grown with || would be copied
+    -- whole at every job).
+    v_dead    uuid[] := '{}';
+    v_letters jsonb[] := '{}';
     v_result  jsonb;
 BEGIN
     -- The stale jobs, locked, oldest first. A batch (p_only NULL): the
@@ -135,7 +139,8 @@ BEGIN
                 v_id, COALESCE(v_letter::pg_catalog.text, 'NULL')
                 USING ERRCODE = '55000';
         END IF;
-        v_letters := v_letters OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(v_id::pg_catalog.text, v_letter);
+        v_dead := pg_catalog.array_append(v_dead, v_id);
+        v_letters := pg_catalog.array_append(v_letters, v_letter);
     END LOOP;
 
     SELECT pg_catalog.jsonb_build_object(
@@ -163,7 +168,7 @@ BEGIN
                            'action', 'moved_to_dead_letter',
                            'job_id', m.job_id,
                            'attempts', m.attempts,
-                           'dead_letter', v_letters -> m.job_id::pg_catalog.text,
+                           'dead_letter', d.letter,
                            'job_kind', m.job_kind,
                            'lease_owner', s.lease_owner,
                            'lease_until', s.lease_until,
@@ -173,7 +178,9 @@ BEGIN
               FROM ROWS FROM (pg_catalog.unnest(v_moved), pg_catalog.unnest(v_kinds), pg_catalog.unnest(v_tries), pg_catalog.unnest(v_maxes), pg_catalog.unnest(v_due))
                        AS m (job_id, job_kind, attempts, max_attempts, scheduled_at)
               JOIN ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_owners), pg_catalog.unnest(v_untils))
-                       AS s (job_id, lease_owner, lease_until) USING (job_id)) AS a;
+                       AS s (job_id, lease_owner, lease_until) USING (job_id)
+              LEFT JOIN ROWS FROM (pg_catalog.unnest(v_dead), pg_catalog.unnest(v_letters))
+                       AS d (job_id, letter) USING (job_id)) AS a;
     RETURN v_result;
 END
 $function$;
