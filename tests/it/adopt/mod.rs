@@ -431,49 +431,6 @@ async fn adopted_lock_server_statements_each_expiry_once() {
     sweeper.drop(&mut admin).await;
 }
 
-/// A lock_entry whose deadline has no time zone, whose token is a composite
-/// (no text form a line can carry) and
-/// whose key is not unique is refused, each problem named, nothing changed.
-#[tokio::test]
-async fn unfit_lock_entry_refused_nothing_changed() {
-    let db = TestDb::empty().await;
-    let mut admin = db.connect().await;
-    exec(
-        &mut admin,
-        "CREATE TYPE fencing_pair AS (epoch integer, seq bigint);
-         CREATE TABLE lock_entry (lock_key text, owner_id text, token fencing_pair, expires_at timestamp)",
-    )
-    .await;
-
-    let (code, out) = run_binary(&["migrate"], &db.url).await;
-
-    assert_eq!(code, Some(1), "{out}");
-    for part in [
-        "refusing to adopt public.lock_entry, nothing was changed",
-        "column token is fencing_pair, not bigint or integer or smallint or numeric or uuid or text or character varying",
-        "column expires_at is timestamp without time zone, not timestamp with time zone",
-        "lock_key is not unique by itself",
-    ] {
-        assert!(out.contains(part), "{part:?} in {out}");
-    }
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT count(*) FROM pg_class WHERE relname IN ('lease_sweeper_sql', 'lock_expiry_outbox', 'lock_session')"
-        )
-        .await,
-        0
-    );
-    assert_eq!(
-        count(
-            &mut admin,
-            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'lock_entry'::regclass"
-        )
-        .await,
-        0
-    );
-}
-
 /// `migrate` by a role that neither owns the lock server's table nor is a
 /// superuser is refused, naming who can.
 #[tokio::test]

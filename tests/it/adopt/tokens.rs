@@ -1,7 +1,8 @@
 //! Lock servers whose token is not a number: a random `uuid`, and `text`
 //! that may be NULL. Each is adopted as it is; its expired leases are
 //! reported with the token as its text, and a takeover is told by the token
-//! changing.
+//! changing. A token with no scalar text form is refused, with the table's
+//! other misfits.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -9,7 +10,9 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use super::{nothing_left_to_report, reported};
-use crate::support::{Daemon, LoginRole, StatsdCapture, TestDb, daemon_env, exec, run_binary};
+use crate::support::{
+    Daemon, LoginRole, StatsdCapture, TestDb, count, daemon_env, exec, run_binary,
+};
 
 /// A lock server's schema with `token` of type `token_type`, made as its
 /// owner role; tryInsert below is its acquire, stealing an expired row.
@@ -180,4 +183,47 @@ async fn text_token_lock_server_adopted_with_takeovers() {
     let want: HashSet<(String, String, String)> =
         [("no-token".into(), String::new(), "sweep".into())].into();
     assert_eq!(got, want);
+}
+
+/// A lock_entry whose deadline has no time zone, whose token is a composite
+/// (no text form a line can carry) and
+/// whose key is not unique is refused, each problem named, nothing changed.
+#[tokio::test]
+async fn unfit_lock_entry_refused_nothing_changed() {
+    let db = TestDb::empty().await;
+    let mut admin = db.connect().await;
+    exec(
+        &mut admin,
+        "CREATE TYPE fencing_pair AS (epoch integer, seq bigint);
+         CREATE TABLE lock_entry (lock_key text, owner_id text, token fencing_pair, expires_at timestamp)",
+    )
+    .await;
+
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+
+    assert_eq!(code, Some(1), "{out}");
+    for part in [
+        "refusing to adopt public.lock_entry, nothing was changed",
+        "column token is fencing_pair, not bigint or integer or smallint or numeric or uuid or text or character varying",
+        "column expires_at is timestamp without time zone, not timestamp with time zone",
+        "lock_key is not unique by itself",
+    ] {
+        assert!(out.contains(part), "{part:?} in {out}");
+    }
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_class WHERE relname IN ('lease_sweeper_sql', 'lock_expiry_outbox', 'lock_session')"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'lock_entry'::regclass"
+        )
+        .await,
+        0
+    );
 }
