@@ -1,8 +1,9 @@
 //! The daemon's whole configuration: the environment, nothing else.
 //!
-//! Owns reading `LOCKDB_URL` / `DATABASE_URL` / libpq's `PG*` variables and
-//! `STATSD_HOST` / `STATSD_PORT` and `LEASE_SWEEPER_METRICS_ADDR`, and how the database is named in messages
-//! (never with its password). It does not connect to anything. The sweep
+//! Owns reading `LOCKDB_URL` / `DATABASE_URL` / libpq's `PG*` variables,
+//! etcdctl's `ETCDCTL_*` variables, `STATSD_HOST` / `STATSD_PORT` and
+//! `LEASE_SWEEPER_METRICS_ADDR`, and how the database and etcd are named in
+//! messages (never with a password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
 pub use pgconn::Redactor;
@@ -35,6 +36,19 @@ pub enum ConfigError {
          127.0.0.1:9464, 0.0.0.0:9464 or [::]:9464, got {0:?}; unset it to serve no metrics endpoint"
     )]
     MetricsAddr(String),
+    #[error(
+        "ETCDCTL_ENDPOINTS must be a comma-separated list of etcd client URLs such as \
+         https://10.0.0.1:2379,https://10.0.0.2:2379 (or host:port), got {0:?}"
+    )]
+    EtcdEndpoints(String),
+    #[error("{var} names {path}, which cannot be read: {cause}")]
+    EtcdFile {
+        var: &'static str,
+        path: String,
+        cause: String,
+    },
+    #[error("{0}")]
+    EtcdTls(&'static str),
     #[error("{var} is not set: {why}")]
     Missing {
         var: &'static str,
@@ -119,6 +133,133 @@ impl DbTarget {
     }
 }
 
+/// The PostgreSQL variables that name a database when set: with etcd's
+/// endpoints also set, one of them is what asks for the job reaper.
+const PG_TARGET_VARS: [&str; 6] = [
+    "LOCKDB_URL",
+    "DATABASE_URL",
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGSERVICE",
+    "PGDATABASE",
+];
+
+/// Whether the environment names a PostgreSQL database at all (rather than
+/// leaving it to libpq's defaults).
+pub fn pg_named_in_env() -> bool {
+    PG_TARGET_VARS
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| !v.trim().is_empty()))
+}
+
+/// Where the locks are when they are in etcd: the variables etcd's own
+/// `etcdctl` reads, so one environment serves both.
+#[derive(Clone)]
+pub struct EtcdTarget {
+    /// Client URLs with their scheme (`http://` unless TLS files are set).
+    pub endpoints: Vec<String>,
+    /// PEM files: the CA that signed the servers, and the client's
+    /// certificate and key (both or neither).
+    pub ca: Option<Vec<u8>>,
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// etcd's own authentication: a user and its password.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.display())
+    }
+}
+
+impl EtcdTarget {
+    /// `ETCDCTL_ENDPOINTS`, with `ETCDCTL_CACERT`, `ETCDCTL_CERT`,
+    /// `ETCDCTL_KEY`, and `ETCDCTL_USER` (`user:password`, or `user` with
+    /// `ETCDCTL_PASSWORD`); `None` when no endpoints are set.
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        let Some(list) = std::env::var("ETCDCTL_ENDPOINTS")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        else {
+            return Ok(None);
+        };
+        let file = |var: &'static str| -> Result<Option<Vec<u8>>, ConfigError> {
+            match std::env::var(var).ok().filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(path) => std::fs::read(&path)
+                    .map(Some)
+                    .map_err(|e| ConfigError::EtcdFile {
+                        var,
+                        path,
+                        cause: e.to_string(),
+                    }),
+            }
+        };
+        let ca = file("ETCDCTL_CACERT")?;
+        let identity = match (file("ETCDCTL_CERT")?, file("ETCDCTL_KEY")?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(ConfigError::EtcdTls(
+                    "ETCDCTL_CERT and ETCDCTL_KEY go together: set both (a client \
+                     certificate and its key) or neither",
+                ));
+            }
+        };
+        let tls = ca.is_some() || identity.is_some();
+        let endpoints = endpoints(&list, tls).ok_or(ConfigError::EtcdEndpoints(list))?;
+        let user = std::env::var("ETCDCTL_USER")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|u| match u.split_once(':') {
+                Some((name, pw)) => (name.to_owned(), pw.to_owned()),
+                None => (u, std::env::var("ETCDCTL_PASSWORD").unwrap_or_default()),
+            });
+        Ok(Some(Self {
+            endpoints,
+            ca,
+            identity,
+            user,
+        }))
+    }
+
+    /// `etcd at URL[,URL…] [as user NAME]`: safe to log (no password).
+    pub fn display(&self) -> String {
+        let mut s = format!("etcd at {}", self.endpoints.join(","));
+        if let Some((name, _)) = &self.user {
+            s.push_str(" as user ");
+            s.push_str(name);
+        }
+        s
+    }
+}
+
+/// Each endpoint with a scheme: `https://` when TLS files are set and the
+/// endpoint names none, as etcdctl does.
+fn endpoints(list: &str, tls: bool) -> Option<Vec<String>> {
+    let out: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_owned()
+            } else if tls {
+                format!("https://{e}")
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect();
+    let valid = |e: &String| {
+        let rest = e
+            .strip_prefix("http://")
+            .or_else(|| e.strip_prefix("https://"));
+        rest.is_some_and(|r| !r.is_empty() && !r.contains(char::is_whitespace))
+    };
+    (!out.is_empty() && out.iter().all(valid)).then_some(out)
+}
+
 /// Where StatsD datagrams go. The host is resolved when sending, not here, so
 /// a name that does not resolve yet never stops the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +303,20 @@ impl std::fmt::Display for StatsdTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_endpoints_take_a_scheme_as_etcdctl_does() {
+        assert_eq!(
+            endpoints("127.0.0.1:2379, 10.0.0.2:2379", false).unwrap(),
+            ["http://127.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert_eq!(
+            endpoints("127.0.0.1:2379,http://b:2379", true).unwrap(),
+            ["https://127.0.0.1:2379", "http://b:2379"]
+        );
+        assert_eq!(endpoints(" , ", false), None);
+        assert_eq!(endpoints("unix://x", false), None);
+    }
 
     #[test]
     fn display_and_errors_never_carry_the_password() {

@@ -28,6 +28,7 @@
 pub mod cli;
 pub mod cmd;
 mod config;
+mod etcd;
 mod heartbeat;
 mod model;
 mod notify;

@@ -46,16 +46,35 @@ pub enum ReapedBy {
     /// away. Recorded by the backend in the renewing statement and drained
     /// by a sweeper.
     Renewal,
+    /// Deleted by etcd when the lease it was attached to ran out (the
+    /// holder died, paused, or lost etcd). etcd carries the expiry out and
+    /// says nothing; the sidecar saw the deletion.
+    Expiry,
+    /// Deleted when its holder revoked the lease while it held the lock (a
+    /// lease revoke, or a session closed without an unlock): before the
+    /// deadline the sidecar last learned, with the lease gone.
+    Revoke,
 }
 
 impl ReapedBy {
     /// Every way, in the order metrics list them.
-    pub const ALL: [ReapedBy; 4] = [
+    pub const ALL: [ReapedBy; 6] = [
         ReapedBy::Sweep,
         ReapedBy::Takeover,
         ReapedBy::Release,
         ReapedBy::Renewal,
+        ReapedBy::Expiry,
+        ReapedBy::Revoke,
     ];
+
+    /// The ways a backend reports, by its `backend` tag: PostgreSQL's
+    /// sweeps and records, etcd's own expiries and revokes.
+    pub fn of_backend(backend: &str) -> &'static [ReapedBy] {
+        match backend {
+            "etcd" => &[ReapedBy::Expiry, ReapedBy::Revoke],
+            _ => &ReapedBy::ALL[..4],
+        }
+    }
 
     /// The `reapedBy` value on a `lease_expired` line.
     pub fn as_str(self) -> &'static str {
@@ -64,6 +83,8 @@ impl ReapedBy {
             ReapedBy::Takeover => "takeover",
             ReapedBy::Release => "release",
             ReapedBy::Renewal => "renewal",
+            ReapedBy::Expiry => "expiry",
+            ReapedBy::Revoke => "revoke",
         }
     }
 
@@ -75,6 +96,8 @@ impl ReapedBy {
             "takeover" => Some(ReapedBy::Takeover),
             "release" => Some(ReapedBy::Release),
             "renewal" => Some(ReapedBy::Renewal),
+            "expiry" => Some(ReapedBy::Expiry),
+            "revoke" => Some(ReapedBy::Revoke),
             _ => None,
         }
     }

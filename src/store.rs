@@ -47,52 +47,47 @@ pub struct Probe {
     /// Leases held, when nothing had expired (the count then stands for the
     /// sweep); `None` when `expired`: read with `held_count` after reaping.
     pub held: Option<i64>,
-}
-
-/// What one batch took off the table.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Batch {
-    /// Leases deleted and reported (a lease set aside is not counted, so a
-    /// batch with one is short and ends the drain).
-    pub n: usize,
-    /// The newest deadline among them (epoch ms): the next batch of the same
-    /// sweep starts there.
-    pub newest_millis: Option<i64>,
+    /// Changes the backend could not read before they were gone (etcd
+    /// compacted them): an upper bound on expiries that may go unreported,
+    /// already logged by the store; counted by the sweeper.
+    pub missed: u64,
 }
 
 /// A lock backend, as a sweep uses it. A sweep calls, in this order:
 ///
 /// 1. `probe`: one cheap question. An idle sweep ends on its answer.
 /// 2. While `expired`: `reap_batch`, each from where the last one left
-///    off (`after`, the newest deadline it took), until one comes back
-///    short (fewer than `limit`).
+///    off (where that is, is the store's own business), until one comes
+///    back short (fewer than `limit`).
 /// 3. While `recorded`: `drain_recorded`, until one comes back short.
 /// 4. `held_count`, unless the probe's count stands.
 ///
-/// A reaping call takes at most `limit` leases in deadline order, skipping
-/// those another session holds, and releases them first: it commits their
-/// deletion with a record of them (a hand-off), then calls `report` (their
-/// lines, written and flushed), then deletes that record. So no lock-server
+/// A reaping call takes at most `limit` expiries, in the order they
+/// happened, and makes them durable first: it records them (PostgreSQL
+/// commits their deletion with a hand-off record; etcd, where the backend
+/// itself deleted them, commits a claim), then calls `report` (their
+/// lines, written and flushed), then retires that record. So no lock-server
 /// call waits on the daemon's output, and a lease's line is written before
 /// its last durable record is gone: a crash can repeat a line, never lose
 /// one. If `report` fails, the record stays, and a later sweep (of any
 /// replica) reports it. Several replicas may sweep at once: a lease goes to
 /// exactly one of them.
 pub trait LockStore: Send {
-    /// The `backend` tag on every line and metric (`pg`, later `etcd`).
+    /// The `backend` tag on every line and metric (`pg` or `etcd`).
     fn backend_id(&self) -> &'static str;
 
     /// What is there to do, and the held count if nothing expired.
     fn probe(&mut self) -> impl Future<Output = Result<Probe, StoreError>> + Send;
 
-    /// One batch of expired leases with deadlines from `after` (epoch ms;
-    /// `None`: the oldest), reported through `report`.
+    /// One batch of expiries, reported through `report`, each batch of a
+    /// pass from where the last one left off; how many it took (a lease
+    /// PostgreSQL set aside is not counted, so a batch with one is short and
+    /// ends the drain; an expiry another etcd sidecar claimed is).
     fn reap_batch(
         &mut self,
         limit: usize,
-        after: Option<i64>,
         report: Report<'_, ExpiredLease>,
-    ) -> impl Future<Output = Result<Batch, StoreError>> + Send;
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Reports every abandoned hand-off (`reapedBy=sweep`), then up to
     /// `limit` recorded takeovers and late releases; how many leases it

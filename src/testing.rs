@@ -71,7 +71,7 @@ pub mod model {
 }
 
 pub mod store {
-    pub use crate::store::{Batch, LockStore, Probe, StoreError};
+    pub use crate::store::{LockStore, Probe, StoreError};
 }
 
 pub mod sweep {

@@ -69,6 +69,17 @@ pub(crate) fn hostname() -> String {
         .unwrap_or_else(|| "unknown-host".to_owned())
 }
 
+/// This sidecar's name among the others watching the same etcd: `$HOSTNAME`
+/// when set (as containers and pods set it, and as several sidecars on one
+/// host must set it apart), else the kernel's host name.
+pub(crate) fn sidecar_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(hostname)
+}
+
 /// Exit status for an error that reached `main`: 2 for configuration, else 1.
 pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     let config = err.chain().any(|cause| {

@@ -1,15 +1,17 @@
 //! `lease-sweeper run`: the daemon.
 //!
-//! Owns wiring the services to their two connections (the lock sweep's
-//! own; one the job reaper and the horizon check share, the latter outside
-//! the watchdog's set of loops), the signal lines,
+//! Owns wiring the services to their backends (the lock sweep's own
+//! connection, to PostgreSQL or etcd; one PostgreSQL connection the job
+//! reaper and the horizon check share, the latter outside the watchdog's
+//! set of loops), the signal lines,
 //! StatsD, the scrape endpoint when it is asked for, systemd and the
 //! shutdown signal, then waiting for every loop to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
 
-use crate::config::{DbTarget, StatsdTarget};
+use crate::config::{DbTarget, EtcdTarget, StatsdTarget};
+use crate::etcd::store::EtcdLockStore;
 use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::output::prometheus::Exposition;
@@ -26,26 +28,32 @@ use crate::sweep::lock_sweeper::LockSweeper;
 /// The progress slot of each loop; the lock sweeper's first pass is "ready".
 const LOCK_LOOP: usize = 0;
 const JOB_LOOP: usize = 1;
-const LOOPS: usize = 2;
 
-/// The daemon: both services until SIGTERM/SIGINT.
+/// The daemon: every service until SIGTERM/SIGINT. The locks are in etcd
+/// when `ETCDCTL_ENDPOINTS` is set, else in PostgreSQL; the job reaper and
+/// the horizon check run when there is a PostgreSQL database (with etcd:
+/// when the environment names one).
 pub async fn run() -> anyhow::Result<()> {
-    let db = DbTarget::from_env()?;
+    let etcd = EtcdTarget::from_env()?;
+    let db = match &etcd {
+        Some(_) if !crate::config::pg_named_in_env() => None,
+        _ => Some(DbTarget::from_env()?),
+    };
     let statsd = StatsdTarget::from_env()?;
     let metrics_addr = crate::config::metrics_addr_from_env()?;
     let shutdown =
         crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
-        database = db.display(),
-        databaseFrom = %db.origin(),
+        locks = %etcd.as_ref().map_or_else(|| "postgresql".to_owned(), EtcdTarget::display),
+        database = db.as_ref().map_or("none", DbTarget::display),
+        databaseFrom = %db.as_ref().map_or_else(String::new, DbTarget::origin),
         statsd = %statsd,
         "starting"
     );
-    for note in db.notes() {
+    for note in db.iter().flat_map(DbTarget::notes) {
         tracing::warn!(note = %note, "database_config_warning");
     }
-    let actor = format!("lease-sweeper@{}", super::hostname());
     let metrics = match metrics_addr {
         None => Metrics::new(statsd),
         Some(addr) => {
@@ -59,7 +67,7 @@ pub async fn run() -> anyhow::Result<()> {
             Metrics::with_prometheus(statsd, exposition)
         }
     };
-    let progress = Progress::new(LOOPS);
+    let progress = Progress::new(if db.is_some() { 2 } else { 1 });
     // systemd: READY=1 after the first lock sweep, WATCHDOG=1 while every
     // loop moves, STOPPING=1 on the signal.
     let notifier = crate::notify::Notifier::from_env();
@@ -69,47 +77,58 @@ pub async fn run() -> anyhow::Result<()> {
         crate::heartbeat::follow(path, progress.watch(), shutdown.clone());
     }
 
-    let locks = LockSweeper::new(
-        PgLockStore::new(db.clone()),
-        EventLog::stdout(),
-        metrics.clone(),
-    );
-    // The daemon's two connections: the lock sweep's own, and one the job
-    // reaper and the horizon check take turns on.
-    let shared = SharedDb::new(db.clone());
-    let horizon = HorizonCheck::new(
-        PgHorizon::on(shared.clone()),
-        EventLog::stdout(),
-        metrics.clone(),
-    );
-    let jobs = JobReaper::new(
-        PgJobQueue::on(shared),
-        EventLog::stdout(),
-        metrics.clone(),
-        actor,
-    );
-    tokio::join!(
-        crate::sweep::run(
-            locks,
+    // The lock sweep's own connection (PostgreSQL) or client (etcd): the
+    // same service, loop, lines and metrics over either store.
+    let locks = async {
+        let beat = progress.beat(LOCK_LOOP);
+        match (&etcd, &db) {
+            (Some(target), _) => {
+                let store = EtcdLockStore::new(target.clone(), super::sidecar_name());
+                let sweeper = LockSweeper::new(store, EventLog::stdout(), metrics.clone());
+                crate::sweep::run(sweeper, metrics.clone(), beat, shutdown.clone()).await;
+            }
+            (None, Some(db)) => {
+                let store = PgLockStore::new(db.clone());
+                let sweeper = LockSweeper::new(store, EventLog::stdout(), metrics.clone());
+                crate::sweep::run(sweeper, metrics.clone(), beat, shutdown.clone()).await;
+            }
+            (None, None) => unreachable!("without etcd the database is always resolved"),
+        }
+    };
+    // One connection the job reaper and the horizon check take turns on.
+    let queue = async {
+        let Some(db) = &db else { return };
+        let actor = format!("lease-sweeper@{}", super::hostname());
+        let shared = SharedDb::new(db.clone());
+        let horizon = HorizonCheck::new(
+            PgHorizon::on(shared.clone()),
+            EventLog::stdout(),
             metrics.clone(),
-            progress.beat(LOCK_LOOP),
-            shutdown.clone()
-        ),
-        crate::sweep::run(
-            jobs,
+        );
+        let jobs = JobReaper::new(
+            PgJobQueue::on(shared),
+            EventLog::stdout(),
             metrics.clone(),
-            progress.beat(JOB_LOOP),
-            shutdown.clone()
-        ),
-        // Not watched: a check every 10 s must not slow the watchdog's
-        // pings, and a stuck one (bounded by its own timeouts) stops no sweep.
-        crate::sweep::run(
-            horizon,
-            metrics.clone(),
-            Beat::unwatched(),
-            shutdown.clone()
-        ),
-    );
+            actor,
+        );
+        tokio::join!(
+            crate::sweep::run(
+                jobs,
+                metrics.clone(),
+                progress.beat(JOB_LOOP),
+                shutdown.clone()
+            ),
+            // Not watched: a check every 10 s must not slow the watchdog's
+            // pings, and a stuck one (bounded by its own timeouts) stops no sweep.
+            crate::sweep::run(
+                horizon,
+                metrics.clone(),
+                Beat::unwatched(),
+                shutdown.clone()
+            ),
+        );
+    };
+    tokio::join!(locks, queue);
     notifier.stopping();
     // Each loop handed its last counts over as it stopped; the sender gets a
     // short bound to deliver them (a dead DNS server must not hold the exit;

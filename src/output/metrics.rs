@@ -26,6 +26,9 @@ use crate::output::statsd::{FINISH_BOUND, Statsd};
 
 /// Expired lock leases reaped (swept or taken over). Tags: `backend`.
 pub const LEASE_EXPIRED: &str = "lock.lease.expired";
+/// Changes a backend could not read before they were gone (etcd compacted
+/// them). Tags: `backend`.
+pub const EVENTS_MISSED: &str = "lock.events.missed";
 /// Leases held after a sweep. Tags: `backend`.
 pub const HELD_CURRENT: &str = "lock.held.current";
 /// Stale job leases acted on by the reaper. Tags: `backend`, `action`.
@@ -166,6 +169,20 @@ impl Metrics {
                 Some(rate) => timer.with_sampling_rate(rate).send(),
                 None => timer.send(),
             }
+        }
+    }
+
+    /// Adds `n` to `lock.events.missed`; nothing is sent for zero.
+    pub fn events_missed(&self, backend: &'static str, n: u64) {
+        if n > 0 {
+            self.statsd
+                .client
+                .count_with_tags(EVENTS_MISSED, n)
+                .with_tag("backend", backend)
+                .send();
+        }
+        if let Some(p) = &self.prometheus {
+            p.events_missed(backend, n);
         }
     }
 

@@ -20,6 +20,9 @@ use metrics_exporter_prometheus::{
 /// Expired lock leases reaped (swept or taken over); one per `lease_expired`
 /// line. Labels: `backend`.
 pub const LEASE_EXPIRED: &str = "lock_lease_expired_total";
+/// Changes to keys a backend could not read before they were gone (etcd
+/// compacted them): expiries among them may be unreported. Labels: `backend`.
+pub const EVENTS_MISSED: &str = "lock_events_missed_total";
 /// Leases held after the last sweep. Labels: `backend`.
 pub const HELD_CURRENT: &str = "lock_held_current";
 /// Stale job leases acted on; one per `job_lease_expired` line. Labels:
@@ -96,6 +99,11 @@ impl Exposition {
                 LEASE_EXPIRED,
                 None,
                 "Expired lock leases reaped, swept or taken over: one per lease_expired line.",
+            ),
+            (
+                EVENTS_MISSED,
+                None,
+                "Changes the backend could not read before etcd compacted them (an upper bound on expiries that may be unreported); each run also logged as etcd_events_missed.",
             ),
             (
                 HELD_CURRENT,
@@ -197,7 +205,7 @@ impl Exposition {
         self.counter(LEASE_EXPIRED, &[("backend", backend)])
             .increment(n);
         if n == 0 {
-            for by in ReapedBy::ALL {
+            for &by in ReapedBy::of_backend(backend) {
                 // Registered is enough: it renders with count 0.
                 let _ = self.lease_overdue_histogram(backend, by);
             }
@@ -260,6 +268,13 @@ impl Exposition {
             histogram.record(seconds(millis));
         }
         self.handle.run_upkeep();
+    }
+
+    /// Adds `n` (zero included, which registers it) to
+    /// `lock_events_missed_total`.
+    pub fn events_missed(&self, backend: &'static str, n: u64) {
+        self.counter(EVENTS_MISSED, &[("backend", backend)])
+            .increment(n);
     }
 
     pub fn held_current(&self, backend: &'static str, held: u64) {

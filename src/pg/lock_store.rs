@@ -9,7 +9,7 @@ use crate::config::DbTarget;
 use crate::model::ExpiredLease;
 use crate::pg::conn::{self, BatchFailure, Db};
 use crate::pg::lock_entry::{self as locks, HELD_COUNT_MAX_AGE};
-use crate::store::{Batch, LockStore, Probe, StoreError, Work};
+use crate::store::{LockStore, Probe, StoreError, Work};
 
 type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 
@@ -17,14 +17,32 @@ type Report<'a> = crate::store::Report<'a, ExpiredLease>;
 /// a job backlog or a catalog read never delays a lease's line.
 pub struct PgLockStore {
     db: Db,
+    /// Where the next batch of this pass starts: the newest deadline the
+    /// last batch took, so a drain walks the backlog in deadline order
+    /// without reading what it took again. Reset by each pass's probe.
+    after: Option<i64>,
 }
 
 impl PgLockStore {
     pub fn new(target: DbTarget) -> Self {
         Self {
             db: Db::new(target, Work::LockLeases),
+            after: None,
         }
     }
+}
+
+/// What one batch took: how many leases, and the newest deadline among
+/// them (epoch ms), where the next batch starts.
+struct Taken {
+    n: usize,
+    newest_millis: Option<i64>,
+}
+
+/// Where the next batch of a drain starts: at the newest deadline the last
+/// one reaped, or where it was when that batch reaped nothing.
+fn resume_at(after: Option<i64>, newest_millis: Option<i64>) -> Option<i64> {
+    newest_millis.or(after)
 }
 
 /// Delete and hand off, commit; then claim the hand-off, write the lines,
@@ -38,14 +56,14 @@ async fn reap_in_tx(
     limit: usize,
     after: Option<i64>,
     report: Report<'_>,
-) -> Result<Batch, BatchFailure> {
+) -> Result<Taken, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
     let batch = locks::reap_batch(&mut tx, limit, after)
         .await
         .map_err(|e| BatchFailure::Query("lock_reap_batch", e))?;
     log_set_aside(&batch.set_aside);
     conn::commit(tx).await?;
-    let done = Batch {
+    let done = Taken {
         n: batch.leases.len(),
         newest_millis: batch.leases.iter().map(|l| l.expired_at_millis).max(),
     };
@@ -111,26 +129,27 @@ impl LockStore for PgLockStore {
 
     /// One simple-protocol round trip (`conn::probe_row`).
     async fn probe(&mut self) -> Result<Probe, StoreError> {
+        self.after = None;
         let conn = self.db.conn().await?;
         match locks::sweep_probe(conn).await {
             Ok(found) => Ok(Probe {
                 expired: found.expired,
                 recorded: found.takeovers,
                 held: found.held,
+                missed: 0,
             }),
             Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
         }
     }
 
-    async fn reap_batch(
-        &mut self,
-        limit: usize,
-        after: Option<i64>,
-        report: Report<'_>,
-    ) -> Result<Batch, StoreError> {
-        self.db
+    async fn reap_batch(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+        let after = self.after;
+        let taken = self
+            .db
             .batch(async |c| reap_in_tx(c, limit, after, report).await)
-            .await
+            .await?;
+        self.after = resume_at(after, taken.newest_millis);
+        Ok(taken.n)
     }
 
     async fn drain_recorded(
@@ -161,5 +180,22 @@ impl LockStore for PgLockStore {
             Ok(count) => Ok(count.held),
             Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_resumes_at_the_newest_deadline_or_stays_put() {
+        assert_eq!(resume_at(None, Some(5)), Some(5));
+        assert_eq!(resume_at(Some(5), Some(9)), Some(9));
+        assert_eq!(
+            resume_at(Some(5), None),
+            Some(5),
+            "an empty batch moves nothing"
+        );
+        assert_eq!(resume_at(None, None), None);
     }
 }

@@ -80,6 +80,7 @@ impl<S: LockStore> LockSweeper<S> {
         // The counter exists from the first scrape, at zero: `rate` and
         // `increase` need a sample before the first expiry.
         metrics.lease_expired(store.backend_id(), 0);
+        metrics.events_missed(store.backend_id(), 0);
         Self {
             store,
             events,
@@ -96,18 +97,16 @@ impl<S: LockStore> LockSweeper<S> {
         let mut outcome = SweepOutcome::default();
         let backend = self.store.backend_id();
         let probe = self.store.probe().await?;
+        if probe.missed > 0 {
+            self.metrics.events_missed(backend, probe.missed);
+        }
         if probe.expired {
             let mut drain = Drain::new(BATCH_SIZE);
-            let mut after = None;
             while drain.go_on(cancel) {
                 let mut report =
                     LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
-                let batch = self
-                    .store
-                    .reap_batch(BATCH_SIZE, after, &mut report)
-                    .await?;
-                after = resume_at(after, batch.newest_millis);
-                drain.took(batch.n);
+                let n = self.store.reap_batch(BATCH_SIZE, &mut report).await?;
+                drain.took(n);
             }
             outcome.batches += drain.batches;
             if drain.interrupted {
@@ -139,12 +138,6 @@ impl<S: LockStore> LockSweeper<S> {
         outcome.held = Some(held);
         Ok(outcome)
     }
-}
-
-/// Where the next batch of a drain starts: at the newest deadline the last
-/// one reaped, or where it was when that batch reaped nothing.
-fn resume_at(after: Option<i64>, newest_millis: Option<i64>) -> Option<i64> {
-    newest_millis.or(after)
 }
 
 /// The store's `Reporter` for one call of a sweep's stages: writes the
@@ -186,7 +179,7 @@ impl Reporter<ExpiredLease> for LeaseReporter<'_> {
         self.lateness.add_leases(leases);
         for lease in leases {
             match lease.reaped_by {
-                ReapedBy::Sweep => self.outcome.swept += 1,
+                ReapedBy::Sweep | ReapedBy::Expiry | ReapedBy::Revoke => self.outcome.swept += 1,
                 ReapedBy::Takeover | ReapedBy::Release | ReapedBy::Renewal => {
                     self.outcome.taken_over += 1
                 }
@@ -239,7 +232,7 @@ mod tests {
     use super::*;
     use crate::config::StatsdTarget;
     use crate::progress::Progress;
-    use crate::store::{Batch, Probe, Report, Work};
+    use crate::store::{Probe, Report, Work};
 
     /// What the stub's next `reap_batch` call does.
     enum Step {
@@ -257,8 +250,6 @@ mod tests {
         recorded: Arc<Mutex<VecDeque<usize>>>,
         /// Every call, in order.
         calls: Arc<Mutex<Vec<&'static str>>>,
-        /// The `after` of every `reap_batch` call, in order.
-        afters: Arc<Mutex<Vec<Option<i64>>>>,
     }
 
     impl Stub {
@@ -268,6 +259,7 @@ mod tests {
                 expired,
                 recorded,
                 held: (!expired).then_some(7),
+                missed: 0,
             };
             *stub.script.lock().unwrap() = steps.into();
             stub
@@ -316,11 +308,9 @@ mod tests {
         async fn reap_batch(
             &mut self,
             limit: usize,
-            after: Option<i64>,
             report: Report<'_, ExpiredLease>,
-        ) -> Result<Batch, StoreError> {
+        ) -> Result<usize, StoreError> {
             self.called("reap");
-            self.afters.lock().unwrap().push(after);
             let step = self
                 .script
                 .lock()
@@ -343,13 +333,9 @@ mod tests {
                 }
             };
             assert!(n <= limit);
-            let first = after.unwrap_or(0) + 1;
-            let rows = leases(n, first, ReapedBy::Sweep);
+            let rows = leases(n, 1, ReapedBy::Sweep);
             written(report, &rows)?;
-            Ok(Batch {
-                n,
-                newest_millis: rows.last().map(|l| l.expired_at_millis),
-            })
+            Ok(n)
         }
 
         async fn drain_recorded(
@@ -403,12 +389,6 @@ mod tests {
         assert_eq!((outcome.swept, outcome.batches), (swept as u64, 3));
         assert_eq!(outcome.held, Some(3), "read after reaping");
         assert_eq!(stub.calls(), ["probe", "reap", "reap", "reap", "held"]);
-        let n = BATCH_SIZE as i64;
-        assert_eq!(
-            *stub.afters.lock().unwrap(),
-            [None, Some(n), Some(2 * n)],
-            "the first batch from the oldest, each next one from the newest deadline before it"
-        );
         assert_eq!(lines.lines().len(), swept);
     }
 
@@ -468,18 +448,6 @@ mod tests {
             BATCH_SIZE,
             "the finished batch was reported"
         );
-    }
-
-    #[test]
-    fn a_drain_resumes_at_the_newest_deadline_or_stays_put() {
-        assert_eq!(resume_at(None, Some(5)), Some(5));
-        assert_eq!(resume_at(Some(5), Some(9)), Some(9));
-        assert_eq!(
-            resume_at(Some(5), None),
-            Some(5),
-            "an empty batch moves nothing"
-        );
-        assert_eq!(resume_at(None, None), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ use sqlx::PgConnection;
 use crate::config::{DbTarget, Redactor, StatsdTarget};
 
 mod connection;
+mod etcd;
 mod functions;
 mod inventory;
 mod report;
@@ -37,9 +38,25 @@ use schema::{
 /// on stdout, exits 0 when no check failed (warnings do not count), 1
 /// otherwise.
 pub async fn run() -> anyhow::Result<ExitCode> {
-    let db = DbTarget::from_env()?;
+    let etcd = crate::config::EtcdTarget::from_env()?;
     let statsd = StatsdTarget::from_env()?;
-    let report = preflight(&db, &statsd).await;
+    let report = match &etcd {
+        // Locks in etcd, and no database named: etcd and StatsD only.
+        Some(target) if !crate::config::pg_named_in_env() => {
+            let mut report = Report::default();
+            report.lines.extend(etcd::lines(target).await);
+            report.lines.push(resolve_statsd(&statsd).await);
+            report
+        }
+        _ => {
+            let db = DbTarget::from_env()?;
+            let mut report = preflight(&db, &statsd).await;
+            if let Some(target) = &etcd {
+                report.lines.splice(0..0, etcd::lines(target).await);
+            }
+            report
+        }
+    };
     print!("{report}");
     Ok(if report.passed() {
         ExitCode::SUCCESS
