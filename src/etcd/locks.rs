@@ -58,6 +58,10 @@ pub struct LockTable {
     keys_of: HashMap<i64, u32>,
     /// Lease → its deadline (epoch ms, the sidecar's clock) as last learned.
     deadlines: HashMap<i64, i64>,
+    /// Leases that began to hold a lock with no deadline known, to be asked
+    /// at once (`take_fresh`): a holder revoked a moment after it locked is
+    /// told from an expiry only if its deadline was learned in between.
+    fresh: Vec<i64>,
 }
 
 impl LockTable {
@@ -72,7 +76,20 @@ impl LockTable {
             .is_none()
         {
             *self.keys_of.entry(lease).or_default() += 1;
+            let holds = keys.keys().next() == Some(&create_revision);
+            if holds && !self.deadlines.contains_key(&lease) {
+                self.fresh.push(lease);
+            }
         }
+    }
+
+    /// The leases that began to hold since the last call with no deadline
+    /// known.
+    pub fn take_fresh(&mut self) -> Vec<i64> {
+        let mut fresh = std::mem::take(&mut self.fresh);
+        fresh.sort_unstable();
+        fresh.dedup();
+        fresh
     }
 
     /// A key was deleted (`prev_*` is what it held, from the event's
@@ -90,8 +107,14 @@ impl LockTable {
         let keys = self.locks.get_mut(name)?;
         let held = keys.keys().next() == Some(&create_revision);
         keys.remove(&create_revision)?;
-        if keys.is_empty() {
-            self.locks.remove(name);
+        match keys.values().next() {
+            None => {
+                self.locks.remove(name);
+            }
+            Some((_, next)) if held && !self.deadlines.contains_key(next) => {
+                self.fresh.push(*next);
+            }
+            Some(_) => {}
         }
         if let Some(n) = self.keys_of.get_mut(&lease) {
             *n -= 1;
@@ -252,8 +275,10 @@ mod tests {
         t.put(&key("l", 1), b"", 1, 10);
         t.put(&key("l", 2), b"", 2, 11);
         assert_eq!(t.due(0, 1000), vec![1], "only holders' leases are asked");
+        assert_eq!(t.take_fresh(), vec![1], "a new holder is asked at once");
         t.delete(&key("l", 1), b"", 1, 10, 12).unwrap();
         assert_eq!(t.due(0, 1000), vec![2]);
+        assert_eq!(t.take_fresh(), vec![2], "so is a waiter that comes to hold");
         assert!(t.delete(&key("l", 2), b"", 2, 11, 13).is_some());
     }
 

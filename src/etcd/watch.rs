@@ -210,6 +210,8 @@ async fn follow_once(
             }
         }
         let found = classify(client, table, gone, seen_ms).await?;
+        let fresh = table.take_fresh();
+        learn(client, table, fresh).await;
         let mut f = feed.lock().unwrap();
         f.released += found.released;
         f.found.extend(found.reportable);
@@ -248,15 +250,20 @@ async fn classify(
     Ok(out)
 }
 
-/// Learns the deadline of every holder's lease that is due. A failure is
-/// left for the next tick: the watch itself goes on.
+/// Learns the deadline of every holder's lease that is due.
 async fn refresh(client: &Client, table: &mut LockTable) {
     let due = table.due(now_millis(), REFRESH_AHEAD_MS);
-    if due.is_empty() {
+    learn(client, table, due).await;
+}
+
+/// Learns the deadlines of `leases`. A failure is left for the next tick
+/// (`due` asks again for any deadline still unknown): the watch goes on.
+async fn learn(client: &Client, table: &mut LockTable, leases: Vec<i64>) {
+    if leases.is_empty() {
         return;
     }
     let asked = now_millis();
-    if let Ok(answers) = ask(client, due).await {
+    if let Ok(answers) = ask(client, leases).await {
         for (lease, ttl) in answers {
             table.learned(lease, asked, ttl);
         }

@@ -1,5 +1,6 @@
 //! `lease-sweeper demo`: the real daemon (this binary's `run`) sweeping a
-//! throwaway PostgreSQL, with no configuration. Owns the script only, in
+//! throwaway PostgreSQL, with no configuration, then (`etcd`) following a
+//! throwaway etcd where one is installed. Owns the script only, in
 //! `run`'s stages: stand-ins for the lock server, a job worker, the operator
 //! opening the gates and a StatsD agent that prints each datagram, then
 //! SIGTERM. Everything it starts is stopped and removed before it returns.
@@ -15,6 +16,8 @@ use tracing::info;
 
 use crate::model::{ACTION_RESET, DryRunReport, WOULD_DEAD_LETTER};
 use crate::throwaway::ThrowawayPg;
+
+mod etcd;
 
 // The demo's statements: the lock server's and the worker's calls of the
 // shipped functions, and the counts the demo waits on.
@@ -111,10 +114,12 @@ pub async fn run() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     show_scrape(daemon.scrape_addr).await?;
     let status = stop_daemon(&mut daemon).await?;
+    let etcd_stage = etcd::run(statsd_port).await;
     // The last datagrams are printed before the agent goes.
     tokio::time::sleep(Duration::from_millis(100)).await;
     printer.abort();
-    tear_down(conn, pg, status, started).await
+    tear_down(conn, pg, status, started).await?;
+    etcd_stage
 }
 
 /// A throwaway PostgreSQL, connected to and migrated.
