@@ -269,19 +269,42 @@ impl LockStore for EtcdLockStore {
         let lease = up.claims_lease().await?;
         let mut taken_over = Vec::new();
         let mut still = VecDeque::new();
-        let n = limit.min(up.open.len());
-        let batch: Vec<Open> = up.open.drain(..n).collect();
+        // One read per owner, however many of its claims wait.
+        let mut owners: Vec<String> = up.open.iter().map(|o| o.owner.clone()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let mut states = std::collections::HashMap::new();
+        for owner in owners {
+            match owner_state(up.client.clone(), &owner).await {
+                Ok(state) => states.insert(owner, state),
+                Err(e) => return Err(failed("reading another sidecar's resume point", &e)),
+            };
+        }
+        let batch: Vec<Open> = up.open.drain(..).collect();
+        let mut failure = None;
         for open in batch {
-            match settle(up.client.clone(), &me, lease, &open).await {
+            let (resume, alive) = states[&open.owner];
+            let verdict = match settle(resume, alive, open.found.gone.revision) {
+                Settled::TakenOver if taken_over.len() < limit && failure.is_none() => {
+                    take_over(up.client.clone(), &me, lease, &open).await
+                }
+                Settled::TakenOver => Ok(Settled::Waiting),
+                settled => Ok(settled),
+            };
+            match verdict {
                 Ok(Settled::Confirmed) => {}
                 Ok(Settled::Waiting) => still.push_back(open),
                 Ok(Settled::TakenOver) => taken_over.push(open),
                 Err(e) => {
+                    failure.get_or_insert(e);
                     still.push_back(open);
-                    up.open.extend(still);
-                    return Err(failed("checking another sidecar's claim", &e));
                 }
             }
+        }
+        if let Some(e) = failure {
+            up.give_back(taken_over.into_iter().map(|o| o.found).collect());
+            up.open.extend(still);
+            return Err(failed("taking over another sidecar's claim", &e));
         }
         let lines: Vec<ExpiredLease> = taken_over.iter().map(|o| line(&o.found)).collect();
         if !lines.is_empty() {
@@ -409,30 +432,46 @@ enum Settled {
     TakenOver,
 }
 
-async fn settle(
+/// What becomes of another sidecar's claim on the deletion at `revision`,
+/// by the owner's resume point and whether its liveness key is there.
+fn settle(resume: Option<i64>, alive: bool, revision: i64) -> Settled {
+    if resume.is_some_and(|r| r >= revision) {
+        Settled::Confirmed
+    } else if alive {
+        Settled::Waiting
+    } else {
+        Settled::TakenOver
+    }
+}
+
+/// A sidecar's resume point and whether it is alive, read at once.
+async fn owner_state(
     mut client: Client,
-    me: &str,
-    lease: i64,
-    open: &Open,
-) -> Result<Settled, etcd_client::Error> {
+    owner: &str,
+) -> Result<(Option<i64>, bool), etcd_client::Error> {
     let read = Txn::new().and_then([
-        TxnOp::get(resume_key(&open.owner), None),
-        TxnOp::get(alive_key(&open.owner), None),
+        TxnOp::get(resume_key(owner), None),
+        TxnOp::get(alive_key(owner), None),
     ]);
     let answers = client.txn(read).await?.op_responses();
     let resume = answers
         .first()
         .and_then(|a| first_value(std::slice::from_ref(a)))
         .and_then(|v| v.parse::<i64>().ok());
-    if resume.is_some_and(|r| r >= open.found.gone.revision) {
-        return Ok(Settled::Confirmed);
-    }
     let alive = answers
         .get(1)
         .is_some_and(|a| first_value(std::slice::from_ref(a)).is_some());
-    if alive {
-        return Ok(Settled::Waiting);
-    }
+    Ok((resume, alive))
+}
+
+/// Takes a dead sidecar's claim, if it is still that sidecar's and its
+/// liveness key is still gone, in one transaction.
+async fn take_over(
+    mut client: Client,
+    me: &str,
+    lease: i64,
+    open: &Open,
+) -> Result<Settled, etcd_client::Error> {
     let key = claim_key(&open.found);
     let take = Txn::new()
         .when([
@@ -554,6 +593,15 @@ pub fn key_text(key: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_sidecars_claim_is_confirmed_waited_on_or_taken_over() {
+        assert!(matches!(settle(Some(10), false, 10), Settled::Confirmed));
+        assert!(matches!(settle(Some(9), true, 10), Settled::Waiting));
+        assert!(matches!(settle(None, true, 10), Settled::Waiting));
+        assert!(matches!(settle(Some(9), false, 10), Settled::TakenOver));
+        assert!(matches!(settle(None, false, 10), Settled::TakenOver));
+    }
 
     #[test]
     fn a_key_is_text_with_its_other_bytes_escaped_and_its_length_bounded() {
