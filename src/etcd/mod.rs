@@ -47,7 +47,12 @@ pub async fn scopes(client: &mut Client, target: &EtcdTarget) -> Result<Vec<Scop
         .with_range(all.end.clone())
         .with_limit(1)
         .with_keys_only();
-    let denied = match client.get(all.key.clone(), Some(probe)).await {
+    let key = all.key.clone();
+    let get = |mut c: Client| {
+        let (key, probe) = (key.clone(), probe.clone());
+        async move { c.get(key, Some(probe)).await }
+    };
+    let denied = match call(client, get).await {
         Ok(_) => return Ok(vec![all]),
         Err(e) if e.to_string().contains("permission denied") => e,
         Err(e) => return Err(failed("reading the keyspace", &e)),
@@ -127,7 +132,11 @@ pub async fn may_write_own(client: &mut Client) -> Result<(), etcd_client::Error
             0,
         )])
         .and_then([etcd_client::TxnOp::put(key, "", None)]);
-    client.txn(never).await.map(|_| ())
+    let txn = |mut c: Client| {
+        let never = never.clone();
+        async move { c.txn(never).await }
+    };
+    call(client, txn).await.map(|_| ())
 }
 
 pub(crate) fn failed(doing: &'static str, e: &etcd_client::Error) -> StoreError {
@@ -136,6 +145,59 @@ pub(crate) fn failed(doing: &'static str, e: &etcd_client::Error) -> StoreError 
         query: doing,
         cause: cause("etcd", e),
         source: None,
+    }
+}
+
+/// Longest one etcd request may take. A request that reaches a member
+/// whose leader just died waits for etcd's own request timeout (seconds);
+/// given up here, it is sent again, to another member.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How many times a request is sent before its failure is the pass's: the
+/// client spreads requests over every endpoint, a dead member's among them,
+/// where each fails at once, so one more try reaches a live member.
+const ATTEMPTS: u32 = 4;
+
+/// Sends the request `send` makes, again on a failure that another member
+/// may not have (a dead endpoint, a leader change, a timeout), at most
+/// `ATTEMPTS` times; any other failure (a refused permission) at once.
+pub async fn call<T, F, Fut>(client: &Client, mut send: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut attempt = 1;
+    loop {
+        let result = match tokio::time::timeout(CALL_TIMEOUT, send(client.clone())).await {
+            Ok(result) => result,
+            Err(_) => Err(etcd_client::Error::IoError(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", CALL_TIMEOUT.as_secs()),
+            ))),
+        };
+        match result {
+            Err(e) if attempt < ATTEMPTS && transient(&e) => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(attempt))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A failure another member, or a moment later, may not have.
+fn transient(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error;
+    match e {
+        Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Aborted
+            ) || s.message().contains("leader changed")
+                || s.message().contains("request timed out")
+        }
+        Error::IoError(_) | Error::TransportError(_) => true,
+        _ => false,
     }
 }
 

@@ -29,7 +29,7 @@ use tracing::error;
 use crate::config::EtcdTarget;
 use crate::etcd::locks::Verdict;
 use crate::etcd::watch::{self, Feed, Found, SharedFeed};
-use crate::etcd::{OWN_PREFIX, connect, failed, scopes};
+use crate::etcd::{OWN_PREFIX, call, connect, failed, scopes};
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::store::{LockStore, Probe, Report, StoreError, Work};
 
@@ -108,8 +108,12 @@ impl EtcdLockStore {
     async fn up(&mut self) -> Result<&mut Up, StoreError> {
         if self.up.is_none() {
             let mut client = connect(&self.target).await?;
-            let got = client
-                .get(resume_key(&self.me), None)
+            let key = resume_key(&self.me);
+            let get = |mut c: Client| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            };
+            let got = call(&client, get)
                 .await
                 .map_err(|e| failed("reading the resume point", &e))?;
             let now = got.header().map(|h| h.revision()).unwrap_or(0);
@@ -351,9 +355,9 @@ impl Up {
         match self.claims_lease {
             Some((id, at)) if at.elapsed() < CLAIM_LEASE_ROTATION => Ok(id),
             _ => {
-                let granted = self
-                    .client
-                    .lease_grant(CLAIM_TTL_SECS, None)
+                let grant =
+                    |mut c: Client| async move { c.lease_grant(CLAIM_TTL_SECS, None).await };
+                let granted = call(&self.client, grant)
                     .await
                     .map_err(|e| failed("granting the claims' lease", &e))?;
                 self.claims_lease = Some((granted.id(), Instant::now()));
@@ -379,8 +383,12 @@ impl Up {
         if point == self.saved {
             return Ok(());
         }
-        self.client
-            .put(resume_key(me), point.to_string(), None)
+        let key = resume_key(me);
+        let put = |mut c: Client| {
+            let key = key.clone();
+            async move { c.put(key, point.to_string(), None).await }
+        };
+        call(&self.client, put)
             .await
             .map_err(|e| failed("writing the resume point", &e))?;
         self.saved = point;
@@ -397,7 +405,7 @@ enum Claim {
 }
 
 async fn claim(
-    mut client: Client,
+    client: Client,
     me: String,
     lease: i64,
     key: String,
@@ -410,7 +418,7 @@ async fn claim(
             Some(PutOptions::new().with_lease(lease)),
         )])
         .or_else([TxnOp::get(key, None)]);
-    let answer = client.txn(txn).await?;
+    let answer = send_txn(&client, &txn).await?;
     if answer.succeeded() {
         return Ok(Claim::Mine);
     }
@@ -446,14 +454,14 @@ fn settle(resume: Option<i64>, alive: bool, revision: i64) -> Settled {
 
 /// A sidecar's resume point and whether it is alive, read at once.
 async fn owner_state(
-    mut client: Client,
+    client: Client,
     owner: &str,
 ) -> Result<(Option<i64>, bool), etcd_client::Error> {
     let read = Txn::new().and_then([
         TxnOp::get(resume_key(owner), None),
         TxnOp::get(alive_key(owner), None),
     ]);
-    let answers = client.txn(read).await?.op_responses();
+    let answers = send_txn(&client, &read).await?.op_responses();
     let resume = answers
         .first()
         .and_then(|a| first_value(std::slice::from_ref(a)))
@@ -467,7 +475,7 @@ async fn owner_state(
 /// Takes a dead sidecar's claim, if it is still that sidecar's and its
 /// liveness key is still gone, in one transaction.
 async fn take_over(
-    mut client: Client,
+    client: Client,
     me: &str,
     lease: i64,
     open: &Open,
@@ -483,11 +491,23 @@ async fn take_over(
             me,
             Some(PutOptions::new().with_lease(lease)),
         )]);
-    Ok(if client.txn(take).await?.succeeded() {
+    Ok(if send_txn(&client, &take).await?.succeeded() {
         Settled::TakenOver
     } else {
         Settled::Waiting
     })
+}
+
+/// `txn`, through `call`.
+async fn send_txn(
+    client: &Client,
+    txn: &Txn,
+) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+    let send = |mut c: Client| {
+        let txn = txn.clone();
+        async move { c.txn(txn).await }
+    };
+    call(client, send).await
 }
 
 /// The value of the first key a transaction's first `Get` found.

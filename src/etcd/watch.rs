@@ -242,7 +242,9 @@ async fn classify(
     };
     for (g, (_, ttl)) in gone.into_iter().zip(answers) {
         let deadline = table.take_deadline(g.lease);
-        match locks::classify(ttl > 0, seen_ms, deadline) {
+        // -1: gone. 0 is a live lease with under a second left (etcd
+        // rounds down).
+        match locks::classify(ttl >= 0, seen_ms, deadline) {
             Verdict::Released => out.released += 1,
             verdict => out.reportable.push(Found { gone: g, verdict }),
         }
@@ -275,9 +277,10 @@ async fn learn(client: &Client, table: &mut LockTable, leases: Vec<i64>) {
 async fn ask(client: &Client, leases: Vec<i64>) -> Result<Vec<(i64, i64)>, String> {
     let results: Vec<Result<(i64, i64), String>> = futures_util::stream::iter(leases)
         .map(|lease| {
-            let mut c = client.clone();
+            let client = client.clone();
             async move {
-                c.lease_time_to_live(lease, None)
+                let ask = |mut c: Client| async move { c.lease_time_to_live(lease, None).await };
+                crate::etcd::call(&client, ask)
                     .await
                     .map(|r| (lease, r.ttl()))
                     .map_err(|e| cause("asking a lease's time to live", &e))
@@ -317,17 +320,18 @@ async fn load(client: &mut Client, scope: &Scope, at: i64) -> Result<(LockTable,
         if rev > 0 {
             options = options.with_revision(rev);
         }
-        let page = client
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("compacted") {
-                    LoadError::Compacted
-                } else {
-                    LoadError::Other(cause("reading the keys", &e))
-                }
-            })?;
+        let get = |mut c: Client| {
+            let (start, options) = (start.clone(), options.clone());
+            async move { c.get(start, Some(options)).await }
+        };
+        let page = crate::etcd::call(client, get).await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("compacted") {
+                LoadError::Compacted
+            } else {
+                LoadError::Other(cause("reading the keys", &e))
+            }
+        })?;
         if rev == 0 {
             rev = page.header().map(|h| h.revision()).unwrap_or(0);
         }
