@@ -7,6 +7,7 @@ mod adopt;
 mod check;
 mod cli;
 mod daemon;
+mod etcd;
 mod faults;
 mod jobs;
 mod locks;
