@@ -17,9 +17,10 @@
 
 # ---- build stage ------------------------------------------------------------
 FROM rust:1.94-bookworm AS build
-# musl-gcc builds ring's C and assembly for the musl target.
+# musl-gcc builds ring's C and assembly for the musl target; protoc compiles
+# etcd's protocol files for the etcd client.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools \
+ && apt-get install -y --no-install-recommends musl-tools protobuf-compiler \
  && rm -rf /var/lib/apt/lists/* \
  && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src

@@ -76,6 +76,30 @@ pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
         read_by: DB_COMMANDS,
     },
     EnvVar {
+        names: &["ETCDCTL_ENDPOINTS"],
+        meaning: "etcd's client URLs, comma-separated (https://10.0.0.1:2379,https://10.0.0.2:2379), \
+                  or host:port (https:// when a TLS file below is set): set, the locks are in etcd, \
+                  not in PostgreSQL (docs/etcd.md); the job reaper then runs only when a database \
+                  is named too",
+        default: "unset: locks in PostgreSQL",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
+        names: &["ETCDCTL_CACERT", "ETCDCTL_CERT", "ETCDCTL_KEY"],
+        meaning: "PEM files, read at start: the CA that signed etcd's server certificates (needed \
+                  for https://: no other CA is trusted for etcd), and a client certificate and its \
+                  key (both or neither)",
+        default: "—",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
+        names: &["ETCDCTL_USER", "ETCDCTL_PASSWORD"],
+        meaning: "etcd's authentication: user:password, or the user with ETCDCTL_PASSWORD; its role \
+                  needs read on the locks' prefix and readwrite on lease-sweeper/ (docs/etcd.md)",
+        default: "unset: no authentication",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
         names: &["STATSD_HOST"],
         meaning: "StatsD agent host; resolved by a background sender, never on the sweep's path, and again after failures",
         default: "127.0.0.1",
@@ -119,8 +143,10 @@ pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
     },
     EnvVar {
         names: &["HOSTNAME"],
-        meaning: "only when gethostname(2) fails: the host part of the job reaper's actor, \
-                  lease-sweeper@<host>",
+        meaning: "with etcd, this sidecar's name in its claims, resume point and liveness key, \
+                  which must differ between sidecars (containers and the unit set it; unset, the \
+                  kernel's host name); the job reaper's actor, lease-sweeper@<host>, takes it only \
+                  when gethostname(2) fails",
         default: "unknown-host",
         read_by: &["run"],
     },
@@ -192,7 +218,8 @@ EXIT STATUS:
   0 success, 1 runtime failure (or a refused job apply), 2 usage or configuration error
 
 SEE ALSO:
-  docs/operations.md, docs/metrics-and-logs.md, docs/container.md, systemd/lease-sweeper.service
+  docs/operations.md, docs/metrics-and-logs.md, docs/container.md, docs/etcd.md,
+  systemd/lease-sweeper.service
   (the docs/ pages are also installed by the Debian package, in /usr/share/doc/lease-sweeper/)";
 
 fn top_help() -> String {
@@ -217,9 +244,9 @@ fn run_help() -> String {
     )
 }
 
-/// Sweeps expired lock leases and stale job leases out of PostgreSQL, turning
-/// each lock-lease expiry into one WARN `lease_expired` line and one StatsD
-/// count.
+/// Sweeps expired lock leases and stale job leases out of PostgreSQL (or
+/// follows the locks held in etcd), turning each lock-lease expiry into one
+/// WARN `lease_expired` line and one StatsD count.
 #[derive(Debug, Parser)]
 #[command(name = "lease-sweeper", version, about, long_about = None, after_help = top_help())]
 pub struct Cli {
@@ -245,6 +272,15 @@ pub enum Command {
     /// size or metric tags. Several replicas may sweep one database at once:
     /// they split the work (FOR UPDATE SKIP LOCKED) and never count a lease
     /// twice. The database's clock decides what has expired.
+    ///
+    /// The locks are in PostgreSQL's lock_entry unless ETCDCTL_ENDPOINTS names
+    /// etcd (with etcdctl's own ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY,
+    /// ETCDCTL_USER and ETCDCTL_PASSWORD): then it follows the locks held with
+    /// etcd's own lock service, whose expiries etcd carries out, and reports
+    /// each holder's lease that ran out (reapedBy=expiry) or was revoked while
+    /// it held its lock (reapedBy=revoke), with backend=etcd. PostgreSQL is
+    /// then needed only for the job reaper, which runs when a database is
+    /// named too (docs/etcd.md).
     #[command(after_help = run_help())]
     Run,
 
@@ -260,7 +296,9 @@ pub enum Command {
     ///
     /// Prints one `ok`/`warn`/`FAIL` line per check on stdout, then a verdict,
     /// and exits 0 unless a line is FAIL, 1 otherwise. For operators and for
-    /// systemd's ExecStartPre. Never prints secrets.
+    /// systemd's ExecStartPre. Never prints secrets. With ETCDCTL_ENDPOINTS
+    /// set, three etcd lines come first (etcd, etcd lock keys, etcd claims),
+    /// and the PostgreSQL checks follow only when a database is named too.
     #[command(after_help = page(CHECK_HEAD, "check", CHECK_TAIL))]
     Check,
 
@@ -279,9 +317,10 @@ pub enum Command {
     /// Liveness probe: exit 0 while every service loop keeps making progress.
     ///
     /// Reads the heartbeat file that `run` writes to LEASE_SWEEPER_HEARTBEAT_FILE
-    /// each time both loops (lock sweeper, job reaper) have finished a pass,
-    /// failed or not. For a Kubernetes exec livenessProbe: it connects to
-    /// nothing, so a database outage never fails it; a wedged loop does.
+    /// each time both loops (lock sweeper, job reaper; with etcd and no
+    /// database, the lock sweeper alone) have finished a pass, failed or not.
+    /// For a Kubernetes exec livenessProbe: it connects to nothing, so a
+    /// database outage never fails it; a wedged loop does.
     #[command(after_help = page("", "alive", ALIVE_TAIL))]
     Alive {
         /// Oldest heartbeat accepted, in seconds (the unit's WatchdogSec).
@@ -298,6 +337,9 @@ pub enum Command {
     /// acts as a lock server that acquires leases and abandons some, opens the
     /// queue gates and abandons leased jobs, runs the real daemon so its lines
     /// and StatsD datagrams show, stops it with SIGTERM and removes the cluster.
+    /// Where etcd is installed, it then does the same with a throwaway etcd:
+    /// three holders of etcd's own locks die, unlock and revoke their lease,
+    /// and the daemon reports the first and the last.
     #[command(after_help = page(DEMO_HEAD, "demo", DEMO_TAIL))]
     Demo,
 }
