@@ -47,9 +47,9 @@ pub struct Probe {
     /// Leases held, when nothing had expired (the count then stands for the
     /// sweep); `None` when `expired`: read with `held_count` after reaping.
     pub held: Option<i64>,
-    /// Changes the backend could not read before they were gone (etcd
-    /// compacted them): an upper bound on expiries that may go unreported,
-    /// already logged by the store; counted by the sweeper.
+    /// Revisions the backend could not read before they were gone (etcd
+    /// compacted them; expiries among them go unreported), already logged
+    /// by the store; counted by the sweeper.
     pub missed: u64,
 }
 

@@ -9,7 +9,10 @@ OUTPUT:
   log-based metric filters on the line's start, `{LEASE_EXPIRED_FILTER}`
   (a lock key may carry that text later in its own line):
     ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
-        overdueMillis=MS backend=pg reapedBy=sweep|takeover ownerId=O
+        overdueMillis=MS backend=pg reapedBy=sweep|takeover|release|renewal ownerId=O
+  With locks in etcd (ETCDCTL_ENDPOINTS): backend=etcd reapedBy=expiry|revoke, the
+  token is the holder key's create revision and ownerId its lease id in hex (docs/etcd.md);
+  etcd_events_missed (error) when etcd compacted changes before they were read.
   One line per stale job lease acted on: level=warn message=job_lease_expired jobId=...
   One line per holder of the xmin horizon keeping dead rows of lock_entry/job_queue,
   every 60 s while it holds (level=warn message=xmin_horizon_held holder=... pid=...
@@ -37,6 +40,8 @@ METRICS (StatsD over UDP, DogStatsD tags, no prefix, flushed per batch and per s
   queue.lease.overdue:MS|ms|@R|#backend:pg,action:A      a batch per tag set; @R only
                                                          when sampled)
   pg.xmin_horizon.age_seconds:S|g               pg.dead_rows.current:N|g|#table:lock_entry
+  lock.events.missed:N|c|#backend:etcd          (with locks in etcd, the same lock.* names
+                                                 tagged backend:etcd)
 
 SIGNALS:
   SIGTERM, SIGINT   no new sweep; the batch in flight commits (or after 2 s rolls back);
@@ -155,6 +160,11 @@ DESCRIPTION:
                  warning: the horizon check names holders with less about other roles'
                  sessions
     statsd       STATSD_HOST resolves (UDP delivery itself cannot be confirmed)
+    etcd, etcd lock keys, etcd claims
+                 with ETCDCTL_ENDPOINTS set, first: etcd answers as the user, which keys
+                 the sidecar follows for locks, and that it may write under
+                 lease-sweeper/ (docs/etcd.md); without a database named, only these
+                 and statsd
   Each line is ok, warn (works, but worth acting on: a superuser role, a superuser owning
   the definer functions, no target set at all, a newer schema, no pg_read_all_stats) or
   FAIL; every FAIL line says what to do. Nothing is changed; the password is never printed.

@@ -88,8 +88,7 @@ pub async fn scopes(client: &mut Client, target: &EtcdTarget) -> Result<Vec<Scop
             });
         }
     }
-    scopes.sort_by(|a, b| a.key.cmp(&b.key));
-    scopes.dedup();
+    let scopes = merged(scopes);
     if scopes.is_empty() {
         return Err(StoreError::Topology {
             work: Work::LockLeases,
@@ -102,6 +101,35 @@ pub async fn scopes(client: &mut Client, target: &EtcdTarget) -> Result<Vec<Scop
         });
     }
     Ok(scopes)
+}
+
+/// `scopes` sorted, with every overlap merged: two watches over one key
+/// would each report its deletion.
+fn merged(mut scopes: Vec<Scope>) -> Vec<Scope> {
+    // An end of "\0" is etcd's "to the end of the keyspace".
+    fn end_of(s: &Scope) -> Option<&[u8]> {
+        (s.end != [0]).then_some(s.end.as_slice())
+    }
+    scopes.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut out: Vec<Scope> = Vec::with_capacity(scopes.len());
+    for next in scopes {
+        if let Some(last) = out.last_mut() {
+            let overlaps = end_of(last).is_none_or(|end| next.key.as_slice() < end);
+            if overlaps {
+                let further = match (end_of(last), end_of(&next)) {
+                    (None, _) => false,
+                    (Some(_), None) => true,
+                    (Some(a), Some(b)) => b > a,
+                };
+                if further {
+                    last.end = next.end;
+                }
+                continue;
+            }
+        }
+        out.push(next);
+    }
+    out
 }
 
 /// The scopes in words, for `check`.
@@ -269,5 +297,43 @@ fn hint(e: &etcd_client::Error) -> &'static str {
         "check ETCDCTL_CACERT, ETCDCTL_CERT and ETCDCTL_KEY against the server's certificates"
     } else {
         "is etcd running and reachable at these endpoints?"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope(key: &str, end: &str) -> Scope {
+        Scope {
+            key: key.as_bytes().to_vec(),
+            end: end.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn overlapping_ranges_are_followed_once() {
+        assert_eq!(
+            merged(vec![
+                scope("locks/payments/", "locks/payments0"),
+                scope("locks/", "locks0"),
+                scope("other/", "other0"),
+            ]),
+            vec![scope("locks/", "locks0"), scope("other/", "other0")]
+        );
+        assert_eq!(
+            merged(vec![scope("a", "c"), scope("b", "d")]),
+            vec![scope("a", "d")]
+        );
+        assert_eq!(
+            merged(vec![scope("a", "b"), scope("b", "c")]),
+            vec![scope("a", "b"), scope("b", "c")],
+            "[a, b) and [b, c) share no key"
+        );
+        assert_eq!(
+            merged(vec![scope("m", "\0"), scope("x", "y")]),
+            vec![scope("m", "\0")],
+            "a range to the end takes in what follows it"
+        );
     }
 }

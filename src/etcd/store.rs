@@ -105,6 +105,26 @@ impl EtcdLockStore {
         }
     }
 
+    /// Puts the target's name in front of a query's cause (a connection
+    /// failure names it already).
+    fn named(&self) -> impl FnOnce(StoreError) -> StoreError + use<> {
+        let name = self.target.display();
+        move |e| match e {
+            StoreError::Query {
+                work,
+                query,
+                cause,
+                source,
+            } => StoreError::Query {
+                work,
+                query,
+                cause: format!("{name}: {cause}"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     async fn up(&mut self) -> Result<&mut Up, StoreError> {
         if self.up.is_none() {
             let mut client = connect(&self.target).await?;
@@ -156,12 +176,44 @@ impl EtcdLockStore {
     }
 }
 
+/// Every failure names the etcd it came from (`EtcdTarget::display`: the
+/// endpoints and the user, never the password).
 impl LockStore for EtcdLockStore {
     fn backend_id(&self) -> &'static str {
         "etcd"
     }
 
     async fn probe(&mut self) -> Result<Probe, StoreError> {
+        let named = self.named();
+        self.probe_at().await.map_err(named)
+    }
+
+    async fn reap_batch(
+        &mut self,
+        limit: usize,
+        report: Report<'_, ExpiredLease>,
+    ) -> Result<usize, StoreError> {
+        let named = self.named();
+        self.reap_batch_at(limit, report).await.map_err(named)
+    }
+
+    async fn drain_recorded(
+        &mut self,
+        limit: usize,
+        report: Report<'_, ExpiredLease>,
+    ) -> Result<usize, StoreError> {
+        let named = self.named();
+        self.drain_recorded_at(limit, report).await.map_err(named)
+    }
+
+    async fn held_count(&mut self) -> Result<i64, StoreError> {
+        let named = self.named();
+        self.held_count_at().await.map_err(named)
+    }
+}
+
+impl EtcdLockStore {
+    async fn probe_at(&mut self) -> Result<Probe, StoreError> {
         let me = self.me.clone();
         let up = self.up().await?;
         let (mut failure, mut missed, mut expired, mut held) = (None, Vec::new(), false, 0);
@@ -202,7 +254,7 @@ impl LockStore for EtcdLockStore {
         })
     }
 
-    async fn reap_batch(
+    async fn reap_batch_at(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
@@ -263,7 +315,7 @@ impl LockStore for EtcdLockStore {
         Ok(taken.len())
     }
 
-    async fn drain_recorded(
+    async fn drain_recorded_at(
         &mut self,
         limit: usize,
         report: Report<'_, ExpiredLease>,
@@ -334,7 +386,7 @@ impl LockStore for EtcdLockStore {
         Ok(lines.len())
     }
 
-    async fn held_count(&mut self) -> Result<i64, StoreError> {
+    async fn held_count_at(&mut self) -> Result<i64, StoreError> {
         let up = self.up().await?;
         Ok(up.feeds.iter().map(|f| f.lock().unwrap().held as i64).sum())
     }

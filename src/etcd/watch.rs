@@ -50,8 +50,9 @@ pub struct Found {
 pub struct Missed {
     /// The first revision that could not be read.
     pub from: i64,
-    /// The revision the watch went on from: at most `to - from` changes
-    /// to keys (of any kind) were missed.
+    /// The revision the watch went on from: the `to - from + 1` revisions
+    /// between were not read (each a change to one or more keys of any
+    /// kind, so more than one expiry where a lease carried several locks).
     pub to: i64,
 }
 
@@ -88,8 +89,20 @@ pub async fn follow(
     // The state is loaded as of `at`; the watch goes on from `at + 1`.
     let mut at = from;
     let mut loaded = false;
+    // Holders' deletions applied to the table and not yet classified (etcd
+    // did not answer): kept across reconnects, since the table no longer
+    // has them to find again.
+    let mut unclassified = Vec::new();
     loop {
-        let run = follow_once(&mut client, &scope, &mut table, &mut at, &mut loaded, &feed);
+        let run = follow_once(
+            &mut client,
+            &scope,
+            &mut table,
+            &mut at,
+            &mut loaded,
+            &mut unclassified,
+            &feed,
+        );
         let err = tokio::select! {
             () = cancel.cancelled() => return,
             r = run => r,
@@ -105,14 +118,16 @@ pub async fn follow(
 }
 
 /// Loads the table if it is not, then follows changes until the stream
-/// fails. `at` stays the last revision fully applied, so a new stream goes
-/// on where this one stopped.
+/// fails. `at` stays the last revision applied to `table`, so a new stream
+/// goes on where this one stopped; `unclassified` holds the deletions
+/// applied and not yet classified, each with when it was seen.
 async fn follow_once(
     client: &mut Client,
     scope: &Scope,
     table: &mut LockTable,
     at: &mut i64,
     loaded: &mut bool,
+    unclassified: &mut Vec<(Gone, i64)>,
     feed: &SharedFeed,
 ) -> Result<(), String> {
     if !*loaded {
@@ -146,6 +161,7 @@ async fn follow_once(
         .await
         .map_err(|e| cause("opening the watch", &e))?;
     feed.lock().unwrap().failure = None;
+    deliver(client, table, unclassified, *at, feed).await?;
     let mut tick = tokio::time::interval(REFRESH_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -185,7 +201,6 @@ async fn follow_once(
             ));
         }
         let seen_ms = now_millis();
-        let mut gone = Vec::new();
         let mut last = response.header().map(|h| h.revision()).unwrap_or(*at);
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
@@ -204,20 +219,54 @@ async fn follow_once(
                             kv.mod_revision(),
                         )
                     {
-                        gone.push(g);
+                        unclassified.push((g, seen_ms));
                     }
                 }
             }
         }
-        let found = classify(client, table, gone, seen_ms).await?;
+        *at = (*at).max(last);
+        deliver(client, table, unclassified, *at, feed).await?;
         let fresh = table.take_fresh();
         learn(client, table, fresh).await;
-        let mut f = feed.lock().unwrap();
-        f.released += found.released;
-        f.found.extend(found.reportable);
-        f.held = table.held();
-        *at = (*at).max(last);
-        f.through = f.through.max(*at);
+    }
+}
+
+/// Classifies what waits in `unclassified` and hands the reportable to the
+/// feed, with the revision up to which everything is delivered. On a
+/// failure they stay, to be classified after the stream is opened again,
+/// and the feed's `through` stops short of the oldest.
+async fn deliver(
+    client: &Client,
+    table: &mut LockTable,
+    unclassified: &mut Vec<(Gone, i64)>,
+    at: i64,
+    feed: &SharedFeed,
+) -> Result<(), String> {
+    let classified = if unclassified.is_empty() {
+        Ok(Classified {
+            reportable: Vec::new(),
+            released: 0,
+        })
+    } else {
+        classify(client, table, unclassified.clone()).await
+    };
+    let mut f = feed.lock().unwrap();
+    f.held = table.held();
+    match classified {
+        Ok(found) => {
+            unclassified.clear();
+            f.released += found.released;
+            f.found.extend(found.reportable);
+            f.through = f.through.max(at);
+            Ok(())
+        }
+        Err(e) => {
+            let oldest = unclassified.iter().map(|(g, _)| g.revision).min();
+            if let Some(oldest) = oldest {
+                f.through = f.through.max(oldest - 1);
+            }
+            Err(e)
+        }
     }
 }
 
@@ -231,16 +280,15 @@ struct Classified {
 async fn classify(
     client: &Client,
     table: &mut LockTable,
-    gone: Vec<Gone>,
-    seen_ms: i64,
+    gone: Vec<(Gone, i64)>,
 ) -> Result<Classified, String> {
-    let leases: Vec<i64> = gone.iter().map(|g| g.lease).collect();
+    let leases: Vec<i64> = gone.iter().map(|(g, _)| g.lease).collect();
     let answers = ask(client, leases).await?;
     let mut out = Classified {
         reportable: Vec::new(),
         released: 0,
     };
-    for (g, (_, ttl)) in gone.into_iter().zip(answers) {
+    for ((g, seen_ms), (_, ttl)) in gone.into_iter().zip(answers) {
         let deadline = table.take_deadline(g.lease);
         // -1: gone. 0 is a live lease with under a second left (etcd
         // rounds down).

@@ -26,8 +26,7 @@ use crate::output::statsd::{FINISH_BOUND, Statsd};
 
 /// Expired lock leases reaped (swept or taken over). Tags: `backend`.
 pub const LEASE_EXPIRED: &str = "lock.lease.expired";
-/// Changes a backend could not read before they were gone (etcd compacted
-/// them). Tags: `backend`.
+/// Revisions etcd compacted before the sidecar read them. Tags: `backend`.
 pub const EVENTS_MISSED: &str = "lock.events.missed";
 /// Leases held after a sweep. Tags: `backend`.
 pub const HELD_CURRENT: &str = "lock.held.current";

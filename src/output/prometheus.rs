@@ -20,8 +20,8 @@ use metrics_exporter_prometheus::{
 /// Expired lock leases reaped (swept or taken over); one per `lease_expired`
 /// line. Labels: `backend`.
 pub const LEASE_EXPIRED: &str = "lock_lease_expired_total";
-/// Changes to keys a backend could not read before they were gone (etcd
-/// compacted them): expiries among them may be unreported. Labels: `backend`.
+/// Revisions etcd compacted before the sidecar read them: expiries among
+/// them go unreported. Labels: `backend`.
 pub const EVENTS_MISSED: &str = "lock_events_missed_total";
 /// Leases held after the last sweep. Labels: `backend`.
 pub const HELD_CURRENT: &str = "lock_held_current";
@@ -103,7 +103,7 @@ impl Exposition {
             (
                 EVENTS_MISSED,
                 None,
-                "Changes the backend could not read before etcd compacted them (an upper bound on expiries that may be unreported); each run also logged as etcd_events_missed.",
+                "Revisions etcd compacted before the sidecar read them (each a change to one or more keys; expiries among them go unreported); each run also logged as etcd_events_missed.",
             ),
             (
                 HELD_CURRENT,
