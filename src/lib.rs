@@ -1,6 +1,6 @@
-//! lease-sweeper: a sidecar that sweeps expired lock leases and stale job
-//! leases out of PostgreSQL and turns each lock-lease expiry into exactly one
-//! WARN `lease_expired` line and one StatsD count.
+//! lease-sweeper: a sidecar that turns each expired lock lease, in
+//! PostgreSQL or in etcd, into exactly one WARN `lease_expired` line and one
+//! StatsD count, and sweeps stale job leases out of PostgreSQL.
 //!
 //! Layers; imports point down, never up, and no two modules import each
 //! other (within a layer a module may use a sibling below it):
@@ -9,6 +9,7 @@
 //!   `horizon_check`, which watches the xmin horizon) and the one loop that
 //!   runs each (`sweep::run`).
 //! - `pg`: connections, the schema, and each table's statements.
+//! - `etcd`: the etcd lock backend (its watch, its claims), beside `pg`.
 //! - `output`: signal lines, logfmt, diagnostics, StatsD.
 //! - leaves: `store` (the `LockStore` and `JobQueue` seams and their error), `model` (the
 //!   records), `config` (the environment) over the `pgconn` crate (libpq's
