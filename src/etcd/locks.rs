@@ -120,8 +120,9 @@ impl LockTable {
             *n -= 1;
             if *n == 0 {
                 self.keys_of.remove(&lease);
-                // The deadline stays until the deletion is classified
-                // (`take_deadline`): it is what tells an expiry from a revoke.
+                // The deadline stays until the deletions are classified
+                // (`deadline`, then `forget`): it is what tells an expiry
+                // from a revoke, for every lock the lease carried.
             }
         }
         held.then(|| Gone {
@@ -165,13 +166,17 @@ impl LockTable {
         }
     }
 
-    /// The deadline last learned of `lease`, forgotten here if no lock key
-    /// carries the lease any more.
-    pub fn take_deadline(&mut self, lease: i64) -> Option<i64> {
-        if self.keys_of.contains_key(&lease) {
-            self.deadlines.get(&lease).copied()
-        } else {
-            self.deadlines.remove(&lease)
+    /// The deadline last learned of `lease`.
+    pub fn deadline(&self, lease: i64) -> Option<i64> {
+        self.deadlines.get(&lease).copied()
+    }
+
+    /// Forgets `lease`'s deadline if no lock key carries the lease any more:
+    /// called once every deletion of a watch response is classified, since
+    /// one lease may carry several locks (one session, several mutexes).
+    pub fn forget(&mut self, lease: i64) {
+        if !self.keys_of.contains_key(&lease) {
+            self.deadlines.remove(&lease);
         }
     }
 }
@@ -291,20 +296,27 @@ mod tests {
         assert_eq!(t.due(58_500, 1500), vec![1]);
         t.learned(1, 1000, -1);
         assert_eq!(
-            t.take_deadline(1),
+            t.deadline(1),
             Some(60_000),
             "a gone lease keeps its last deadline"
         );
     }
 
     #[test]
-    fn a_deadline_outlives_its_key_until_taken() {
+    fn a_deadline_outlives_its_keys_until_forgotten() {
         let mut t = LockTable::default();
-        t.put(&key("l", 1), b"", 1, 10);
+        t.put(&key("a", 1), b"", 1, 10);
+        t.put(&format!("b/{:x}", 1).into_bytes(), b"", 1, 11);
         t.learned(1, 0, 5);
-        t.delete(&key("l", 1), b"", 1, 10, 11);
-        assert_eq!(t.take_deadline(1), Some(5000));
-        assert_eq!(t.take_deadline(1), None, "taken once");
+        t.delete(&key("a", 1), b"", 1, 10, 12);
+        t.delete(&format!("b/{:x}", 1).into_bytes(), b"", 1, 11, 12);
+        assert_eq!(
+            (t.deadline(1), t.deadline(1)),
+            (Some(5000), Some(5000)),
+            "both locks of one lease see its deadline"
+        );
+        t.forget(1);
+        assert_eq!(t.deadline(1), None);
     }
 
     #[test]

@@ -270,30 +270,36 @@ pub async fn connect(target: &EtcdTarget) -> Result<Client, StoreError> {
     }
     Client::connect(&target.endpoints, Some(options))
         .await
-        .map_err(|e| {
-            let mut text = e.to_string();
-            if let Some((_, password)) = &target.user
-                && !password.is_empty()
-            {
-                text = text.replace(password.as_str(), "***");
-            }
-            StoreError::Connect {
-                work: Work::LockLeases,
-                target: target.display(),
-                cause: text,
-                hint: hint(&e),
-            }
-        })
+        .map_err(|e| unreachable(target, &e))
+}
+
+/// A first contact with etcd that failed, as a connection error: the
+/// endpoints, the user, the cause (never the password) and what to check.
+/// The client connects lazily, so the first request may be where it shows.
+pub fn unreachable(target: &EtcdTarget, e: &etcd_client::Error) -> StoreError {
+    let mut text = e.to_string();
+    if let Some((_, password)) = &target.user
+        && !password.is_empty()
+    {
+        text = text.replace(password.as_str(), "***");
+    }
+    StoreError::Connect {
+        work: Work::LockLeases,
+        target: target.display(),
+        cause: text,
+        hint: hint(e),
+    }
 }
 
 /// What to check first for a failed connection.
-fn hint(e: &etcd_client::Error) -> &'static str {
-    let text = e.to_string();
+pub fn hint(e: &etcd_client::Error) -> &'static str {
+    let text = e.to_string().to_lowercase();
     if text.contains("authentication failed") || text.contains("invalid auth") {
         "check ETCDCTL_USER and its password"
     } else if text.contains("permission denied") {
         "the user's role lacks a permission the sidecar needs"
-    } else if text.contains("certificate") || text.contains("tls") || text.contains("Tls") {
+    } else if text.contains("certificate") || text.contains("tls") || text.contains("unknownissuer")
+    {
         "check ETCDCTL_CACERT, ETCDCTL_CERT and ETCDCTL_KEY against the server's certificates"
     } else {
         "is etcd running and reachable at these endpoints?"

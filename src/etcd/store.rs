@@ -133,9 +133,11 @@ impl EtcdLockStore {
                 let key = key.clone();
                 async move { c.get(key, None).await }
             };
+            // The first request: where an unreachable etcd, a refused
+            // certificate or a wrong password shows.
             let got = call(&client, get)
                 .await
-                .map_err(|e| failed("reading the resume point", &e))?;
+                .map_err(|e| crate::etcd::unreachable(&self.target, &e))?;
             let now = got.header().map(|h| h.revision()).unwrap_or(0);
             let from = got
                 .kvs()

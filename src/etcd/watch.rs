@@ -283,19 +283,22 @@ async fn classify(
     gone: Vec<(Gone, i64)>,
 ) -> Result<Classified, String> {
     let leases: Vec<i64> = gone.iter().map(|(g, _)| g.lease).collect();
-    let answers = ask(client, leases).await?;
+    let answers = ask(client, leases.clone()).await?;
     let mut out = Classified {
         reportable: Vec::new(),
         released: 0,
     };
     for ((g, seen_ms), (_, ttl)) in gone.into_iter().zip(answers) {
-        let deadline = table.take_deadline(g.lease);
+        let deadline = table.deadline(g.lease);
         // -1: gone. 0 is a live lease with under a second left (etcd
         // rounds down).
         match locks::classify(ttl >= 0, seen_ms, deadline) {
             Verdict::Released => out.released += 1,
             verdict => out.reportable.push(Found { gone: g, verdict }),
         }
+    }
+    for lease in leases {
+        table.forget(lease);
     }
     Ok(out)
 }

@@ -31,10 +31,7 @@ pub async fn lines(target: &EtcdTarget) -> Vec<Line> {
         Err(e) => {
             lines.push(Line::fail(
                 "etcd",
-                format!(
-                    "{}: {e} (is etcd running and reachable there?)",
-                    target.display()
-                ),
+                crate::etcd::unreachable(target, &e).to_string(),
             ));
             return lines;
         }
