@@ -1,21 +1,24 @@
 //! `EtcdLockStore`: the lock sweeper's `LockStore` over etcd. The watch
 //! (`watch`) finds expiries as etcd carries them out; a sweep takes them in
 //! batches, as it takes PostgreSQL's, and each batch keeps the same order:
-//! claim (the durable record, in etcd), write the lines, then move this
-//! sidecar's resume point past them. Owns the claims, the resume point and
+//! claim (the durable record, in etcd), write the lines, then retire the
+//! record (mark the claims reported, move this sidecar's resume point past
+//! them). Owns the claims, the resume point and
 //! the sidecar's liveness key. Not what a deletion means (`locks`), nor the
 //! lines' format or the pass timing (`output`, `sweep`).
 //!
 //! Every sidecar sees every deletion. A claim is an etcd transaction that
 //! creates `lease-sweeper/claims/<revision>/<create revision>` only if it
-//! is absent, so exactly one sidecar wins each expiry. A sidecar that wins
-//! one and dies before its resume point passes it leaves the claim in its
-//! own name: restarted, it reads the deletion again from its resume point
-//! and writes it again (at least once, as a crash between a batch's lines
-//! and its commit does in PostgreSQL). If it does not come back, another
-//! sidecar that saw the claim waits until the winner's liveness key is gone
-//! and its resume point still short of the deletion, then takes the claim
-//! over in one transaction and writes the line.
+//! is absent, so exactly one sidecar wins each expiry. Once its line is
+//! out, the winner marks the claim reported (`<name> reported`). A sidecar
+//! that dies between the lines and the mark leaves the claim in its own
+//! name: restarted, it reads the deletion again from its resume point and
+//! writes it again (at least once, as a crash between a batch's lines and
+//! its commit does in PostgreSQL). If it does not come back, another
+//! sidecar that saw the claim waits until it is marked, or the winner's
+//! resume point passes it, or the winner's liveness key is gone; in the
+//! last case it takes the claim over in one transaction and writes the
+//! line.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -218,24 +221,12 @@ impl EtcdLockStore {
     async fn probe_at(&mut self) -> Result<Probe, StoreError> {
         let me = self.me.clone();
         let up = self.up().await?;
-        let (mut failure, mut missed, mut expired, mut held) = (None, Vec::new(), false, 0);
+        let (mut failure, mut expired, mut held) = (None, false, 0);
         for feed in &up.feeds {
-            let mut f = feed.lock().unwrap();
+            let f = feed.lock().unwrap();
             failure = failure.or_else(|| f.failure.clone());
-            missed.append(&mut f.missed);
             expired |= !f.found.is_empty();
             held += f.held;
-        }
-        let mut missed_revisions = 0;
-        for m in &missed {
-            let n = (m.to - m.from + 1).max(0) as u64;
-            missed_revisions += n;
-            error!(
-                fromRevision = m.from,
-                toRevision = m.to,
-                missedRevisions = n,
-                "etcd_events_missed"
-            );
         }
         if let Some(cause) = failure.filter(|_| !expired) {
             return Err(StoreError::Query {
@@ -247,6 +238,23 @@ impl EtcdLockStore {
         }
         if !expired && up.saved_at.elapsed() >= RESUME_EVERY {
             up.save_resume_point(&me).await?;
+        }
+        // Taken only on the way to an answer, so what is logged here is
+        // also counted by the sweeper.
+        let mut missed = Vec::new();
+        for feed in &up.feeds {
+            missed.append(&mut feed.lock().unwrap().missed);
+        }
+        let mut missed_revisions = 0;
+        for m in &missed {
+            let n = (m.to - m.from + 1).max(0) as u64;
+            missed_revisions += n;
+            error!(
+                fromRevision = m.from,
+                toRevision = m.to,
+                missedRevisions = n,
+                "etcd_events_missed"
+            );
         }
         Ok(Probe {
             expired,
@@ -279,17 +287,20 @@ impl EtcdLockStore {
             .await;
         let mut mine = Vec::new();
         let mut won = Vec::new();
+        let mut won_keys = Vec::new();
         let mut failure = None;
         for (found, claimed) in taken.iter().zip(claims) {
             match claimed {
                 Ok(Claim::Mine) => {
                     mine.push(found.clone());
                     won.push(line(found));
+                    won_keys.push(claim_key(found));
                 }
                 Ok(Claim::Theirs(owner)) => up.open.push_back(Open {
                     found: found.clone(),
                     owner,
                 }),
+                Ok(Claim::Reported) => {}
                 Err(e) => {
                     failure.get_or_insert(e);
                     mine.push(found.clone());
@@ -312,6 +323,9 @@ impl EtcdLockStore {
                 });
             }
             report.committed();
+            mark_reported(&up.client, &me, lease, &won_keys)
+                .await
+                .map_err(|e| failed("marking claims reported", &e))?;
             up.save_resume_point(&me).await?;
         }
         Ok(taken.len())
@@ -327,6 +341,16 @@ impl EtcdLockStore {
         let lease = up.claims_lease().await?;
         let mut taken_over = Vec::new();
         let mut still = VecDeque::new();
+        // Claims their owners marked reported are settled; what is left
+        // is decided by each owner's resume point and liveness.
+        let keys: Vec<String> = up.open.iter().map(|o| claim_key(&o.found)).collect();
+        let marked = reported(&up.client, &keys)
+            .await
+            .map_err(|e| failed("reading other sidecars' claims", &e))?;
+        let before = up.open.len();
+        let mut marked = marked.into_iter();
+        up.open.retain(|_| !marked.next().unwrap_or(false));
+        let mut confirmed = before - up.open.len();
         // One read per owner, however many of its claims wait.
         let mut owners: Vec<String> = up.open.iter().map(|o| o.owner.clone()).collect();
         owners.sort_unstable();
@@ -350,7 +374,7 @@ impl EtcdLockStore {
                 settled => Ok(settled),
             };
             match verdict {
-                Ok(Settled::Confirmed) => {}
+                Ok(Settled::Confirmed) => confirmed += 1,
                 Ok(Settled::Waiting) => still.push_back(open),
                 Ok(Settled::TakenOver) => taken_over.push(open),
                 Err(e) => {
@@ -377,10 +401,18 @@ impl EtcdLockStore {
                 });
             }
             report.committed();
+            let keys: Vec<String> = taken_over.iter().map(|o| claim_key(&o.found)).collect();
+            // Waiting claims go behind the rest, so the drain moves on.
+            up.open.extend(still);
+            mark_reported(&up.client, &me, lease, &keys)
+                .await
+                .map_err(|e| failed("marking claims reported", &e))?;
+        } else {
+            up.open.extend(still);
         }
-        // Waiting claims go behind the rest, so the drain moves on.
-        up.open.extend(still);
-        if !lines.is_empty() {
+        // The resume point may move past what was settled: at once, so the
+        // peers waiting on it do not wait a round each.
+        if !lines.is_empty() || confirmed > 0 {
             up.save_resume_point(&me).await?;
         }
         // Only what was reported counts toward the limit: a drain stops
@@ -452,10 +484,25 @@ impl Up {
 
 enum Claim {
     /// This sidecar reports it: it won the claim now, or had won it before
-    /// a restart.
+    /// a restart and never marked it reported.
     Mine,
-    /// Another sidecar holds the claim.
+    /// Another sidecar holds the claim and has not marked it reported.
     Theirs(String),
+    /// Marked reported (by this sidecar before a restart, or another).
+    Reported,
+}
+
+/// What a claim's value ends with once its line is out: the owner's name,
+/// then this.
+const REPORTED: &str = " reported";
+
+/// What a claim's value says: its owner, and whether it was reported.
+fn read_claim(value: &str, me: &str) -> Claim {
+    match value.strip_suffix(REPORTED) {
+        Some(_) => Claim::Reported,
+        None if value == me => Claim::Mine,
+        None => Claim::Theirs(value.to_owned()),
+    }
 }
 
 async fn claim(
@@ -476,12 +523,51 @@ async fn claim(
     if answer.succeeded() {
         return Ok(Claim::Mine);
     }
-    let owner = first_value(&answer.op_responses()).unwrap_or_default();
-    Ok(if owner == me {
-        Claim::Mine
-    } else {
-        Claim::Theirs(owner)
-    })
+    let value = first_value(&answer.op_responses()).unwrap_or_default();
+    Ok(read_claim(&value, &me))
+}
+
+/// Most operations in one transaction: etcd refuses more than 128 by
+/// default (`--max-txn-ops`).
+const TXN_OPS: usize = 100;
+
+/// Marks claims reported, `TXN_OPS` to a transaction: a peer then never
+/// takes them over, and a restart never writes them again.
+async fn mark_reported(
+    client: &Client,
+    me: &str,
+    lease: i64,
+    keys: &[String],
+) -> Result<(), etcd_client::Error> {
+    let done = format!("{me}{REPORTED}");
+    for chunk in keys.chunks(TXN_OPS) {
+        let puts: Vec<TxnOp> = chunk
+            .iter()
+            .map(|k| {
+                TxnOp::put(
+                    k.as_str(),
+                    done.as_str(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+            })
+            .collect();
+        send_txn(client, &Txn::new().and_then(puts)).await?;
+    }
+    Ok(())
+}
+
+/// Whether each of `keys` is marked reported, `TXN_OPS` to a read.
+async fn reported(client: &Client, keys: &[String]) -> Result<Vec<bool>, etcd_client::Error> {
+    let mut out = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(TXN_OPS) {
+        let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
+        let answers = send_txn(client, &Txn::new().and_then(gets)).await?;
+        for answer in answers.op_responses() {
+            let value = first_value(std::slice::from_ref(&answer)).unwrap_or_default();
+            out.push(value.ends_with(REPORTED));
+        }
+    }
+    Ok(out)
 }
 
 enum Settled {
@@ -667,6 +753,20 @@ pub fn key_text(key: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claims_value_says_whose_it_is_and_whether_it_was_reported() {
+        assert!(matches!(read_claim("side-1", "side-1"), Claim::Mine));
+        assert!(matches!(read_claim("side-2", "side-1"), Claim::Theirs(o) if o == "side-2"));
+        assert!(matches!(
+            read_claim("side-1 reported", "side-1"),
+            Claim::Reported
+        ));
+        assert!(matches!(
+            read_claim("side-2 reported", "side-1"),
+            Claim::Reported
+        ));
+    }
 
     #[test]
     fn another_sidecars_claim_is_confirmed_waited_on_or_taken_over() {
