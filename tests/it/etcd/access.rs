@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use super::cluster::{EtcdCluster, LOCKER_PASSWORD, LOCKER_USER, SWEEPER_PASSWORD, SWEEPER_USER};
 use super::holders::Holder;
 use super::signal::{METRICS_ON, Reported, Sidecar, WAIT, assert_reported, check, scraped};
-use crate::support::{events, free_port, poll};
+use crate::support::{TestDb, events, free_port, insert_expired, poll};
 
 /// Failed lock-sweep passes so far, as the scrape counts them.
 const FAILED_PASSES: &str = "lease_sweeper_pass_failures_total{service=\"lock_sweeper\"}";
@@ -204,4 +204,51 @@ async fn etcd_without_postgresql_runs_the_lock_sweeper_alone() {
             "{datagram}"
         );
     }
+}
+
+/// Locks in etcd and a database named beside them: the lock sweeper follows
+/// etcd, the job reaper and the horizon check run on the database, and the
+/// database's own `lock_entry` is left alone (one daemon, one lock backend).
+#[tokio::test]
+async fn etcd_beside_a_database_runs_the_job_reaper_there_and_sweeps_only_etcd() {
+    let cluster = EtcdCluster::one().await;
+    let client = cluster.client().await;
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    insert_expired(&mut conn, "pg-lease-", 3, 5_000).await;
+    let mut sidecar = Sidecar::start(
+        cluster.env(),
+        "access-etcd-and-pg",
+        &[("LOCKDB_URL", db.url.as_str())],
+    )
+    .await;
+    sidecar.wait_sweeps(1).await;
+    let mut holder = Holder::acquire(&client, "locks/beside", 1).await;
+    sidecar.wait_held(1).await;
+    holder.kill();
+    sidecar.wait_expired(1).await;
+    sidecar
+        .daemon
+        .wait_for_event("horizon_check_started", WAIT)
+        .await;
+    sidecar.wait_sweeps(2).await;
+    let lines = sidecar.stop().await;
+
+    assert_eq!(events(&lines, "job_reaper_started").len(), 1, "{lines:?}");
+    assert_eq!(events(&lines, "horizon_check_started").len(), 1);
+    let starting = &events(&lines, "starting")[0];
+    assert!(
+        starting["database"].contains(&format!("/{}", db.name)),
+        "{starting:?}"
+    );
+    assert_reported(&lines, &[Reported::holder(&holder, "expiry")]);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM lock_entry WHERE lock_key LIKE 'pg-lease-%'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(
+        left, 3,
+        "the database's leases are not this daemon's to sweep"
+    );
 }
