@@ -10,7 +10,7 @@
 //! empty value. The key with the lowest create revision holds the lock; the
 //! others wait for it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The name of the lock a key belongs to, if the key is a lock key: its
 /// last segment is the lowercase hex of the lease it is attached to, and
@@ -62,6 +62,10 @@ pub struct LockTable {
     /// at once (`take_fresh`): a holder revoked a moment after it locked is
     /// told from an expiry only if its deadline was learned in between.
     fresh: Vec<i64>,
+    /// Leases etcd answered gone while a lock key still carried them: their
+    /// deletions are on the way, and asking again would only cost etcd (a
+    /// mass expiry would ask each one every tick until its deletion came).
+    gone: HashSet<i64>,
 }
 
 impl LockTable {
@@ -146,6 +150,7 @@ impl LockTable {
             .locks
             .values()
             .filter_map(|keys| keys.values().next().map(|(_, lease)| *lease))
+            .filter(|lease| !self.gone.contains(lease))
             .filter(|lease| {
                 self.deadlines
                     .get(lease)
@@ -161,8 +166,13 @@ impl LockTable {
     /// `asked_ms`, or gone (`ttl_secs` < 0), which leaves the last deadline
     /// learned standing.
     pub fn learned(&mut self, lease: i64, asked_ms: i64, ttl_secs: i64) {
-        if ttl_secs >= 0 && self.keys_of.contains_key(&lease) {
+        if !self.keys_of.contains_key(&lease) {
+            return;
+        }
+        if ttl_secs >= 0 {
             self.deadlines.insert(lease, deadline(asked_ms, ttl_secs));
+        } else {
+            self.gone.insert(lease);
         }
     }
 
@@ -177,6 +187,7 @@ impl LockTable {
     pub fn forget(&mut self, lease: i64) {
         if !self.keys_of.contains_key(&lease) {
             self.deadlines.remove(&lease);
+            self.gone.remove(&lease);
         }
     }
 }
@@ -294,11 +305,15 @@ mod tests {
         t.learned(1, 0, 60);
         assert!(t.due(0, 1500).is_empty());
         assert_eq!(t.due(58_500, 1500), vec![1]);
-        t.learned(1, 1000, -1);
+        t.learned(1, 59_000, -1);
         assert_eq!(
             t.deadline(1),
             Some(60_000),
             "a gone lease keeps its last deadline"
+        );
+        assert!(
+            t.due(61_000, 1500).is_empty(),
+            "and is not asked again while its deletion is on the way"
         );
     }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, KeyValue, WatchOptions};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 
 use crate::etcd::locks::{self, Gone, LockTable, Verdict};
@@ -30,6 +30,11 @@ const REFRESH_AHEAD_MS: i64 = 2_000;
 /// At most this many lease questions in flight at once: a mass expiry is
 /// classified in parallel without opening a stream per lease.
 const LEASE_QUESTIONS: usize = 64;
+
+/// Most watch responses applied before their deletions are classified:
+/// enough that a mass expiry's one-revoke responses share their lease
+/// questions, few enough that the first of them waits little for the last.
+const BATCH_RESPONSES: usize = 1_000;
 
 /// Keys read per page when loading the table: bounded memory per answer
 /// whatever the keyspace holds.
@@ -172,59 +177,70 @@ async fn follow_once(
                 continue;
             }
         };
-        let Some(response) = message.map_err(|e| cause("watching", &e))? else {
-            return Err("etcd closed the watch stream".to_owned());
-        };
-        if response.compact_revision() > 0 {
-            // Too far behind: etcd no longer has the events after `at`.
-            // Start again from what etcd holds now, and say what was lost.
-            let compacted = response.compact_revision();
-            *loaded = false;
-            let from = *at + 1;
-            let (t, rev) = load(client, scope, 0).await.map_err(LoadError::text)?;
-            *table = t;
-            *at = rev;
-            *loaded = true;
-            let mut f = feed.lock().unwrap();
-            f.missed.push(Missed {
-                from,
-                to: rev.max(compacted),
-            });
-            f.held = table.held();
-            f.through = f.through.max(rev);
-            return Ok(());
-        }
-        if response.canceled() {
-            return Err(format!(
-                "etcd cancelled the watch: {}",
-                response.cancel_reason()
-            ));
-        }
-        let seen_ms = now_millis();
-        let mut last = response.header().map(|h| h.revision()).unwrap_or(*at);
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            last = last.max(kv.mod_revision());
-            match event.event_type() {
-                EventType::Put => {
-                    table.put(kv.key(), kv.value(), kv.lease(), kv.create_revision());
-                }
-                EventType::Delete => {
-                    if let Some(prev) = event.prev_kv()
-                        && let Some(g) = table.delete(
-                            prev.key(),
-                            prev.value(),
-                            prev.lease(),
-                            prev.create_revision(),
-                            kv.mod_revision(),
-                        )
-                    {
-                        unclassified.push((g, seen_ms));
+        // Whatever else has already arrived is applied too, so one round of
+        // lease questions serves them all: etcd sends each revoke of a mass
+        // expiry as a response of its own.
+        let mut next = Some(message);
+        let mut responses = 0;
+        while let Some(message) = next.take() {
+            let Some(response) = message.map_err(|e| cause("watching", &e))? else {
+                return Err("etcd closed the watch stream".to_owned());
+            };
+            if response.compact_revision() > 0 {
+                // Too far behind: etcd no longer has the events after `at`.
+                // Start again from what etcd holds now, and say what was lost.
+                let compacted = response.compact_revision();
+                *loaded = false;
+                let from = *at + 1;
+                let (t, rev) = load(client, scope, 0).await.map_err(LoadError::text)?;
+                *table = t;
+                *at = rev;
+                *loaded = true;
+                let mut f = feed.lock().unwrap();
+                f.missed.push(Missed {
+                    from,
+                    to: rev.max(compacted),
+                });
+                f.held = table.held();
+                f.through = f.through.max(rev);
+                return Ok(());
+            }
+            if response.canceled() {
+                return Err(format!(
+                    "etcd cancelled the watch: {}",
+                    response.cancel_reason()
+                ));
+            }
+            let seen_ms = now_millis();
+            let mut last = response.header().map(|h| h.revision()).unwrap_or(*at);
+            for event in response.events() {
+                let Some(kv) = event.kv() else { continue };
+                last = last.max(kv.mod_revision());
+                match event.event_type() {
+                    EventType::Put => {
+                        table.put(kv.key(), kv.value(), kv.lease(), kv.create_revision());
+                    }
+                    EventType::Delete => {
+                        if let Some(prev) = event.prev_kv()
+                            && let Some(g) = table.delete(
+                                prev.key(),
+                                prev.value(),
+                                prev.lease(),
+                                prev.create_revision(),
+                                kv.mod_revision(),
+                            )
+                        {
+                            unclassified.push((g, seen_ms));
+                        }
                     }
                 }
             }
+            *at = (*at).max(last);
+            responses += 1;
+            if responses < BATCH_RESPONSES {
+                next = stream.message().now_or_never();
+            }
         }
-        *at = (*at).max(last);
         deliver(client, table, unclassified, *at, feed).await?;
         let fresh = table.take_fresh();
         learn(client, table, fresh).await;

@@ -23,6 +23,7 @@ use crate::observability::support::{daemon_with_endpoint, scrape, value};
 use crate::support::{events, poll, wait_until};
 
 const MISSED: &str = "lock_events_missed_total{backend=\"etcd\"}";
+const HELD: &str = "lock_held_current{backend=\"etcd\"}";
 
 /// Waits until every one of `holders` is claimed and `name`'s resume point
 /// has passed the last of their deletions: nothing about them is left for
@@ -223,11 +224,26 @@ async fn only_member_killed_in_the_middle_of_a_mass_revoke_each_still_reported_o
     let mut cluster = EtcdCluster::one().await;
     let mut client = cluster.client().await;
     let before = revision(&client).await;
-    let mut side = sidecar(&cluster, "side-1", &[]);
+    let env = cluster.env();
+    let (mut side, addr) = daemon_with_endpoint(&sidecar_env(&env, "side-1", &[])).await;
     wait_following(&client, "side-1", before, &side).await;
-    // Written while it follows: it asks the lease's deadline on the first
-    // of the 24 transactions, long before the revoke.
+    // Written while it follows: it asks the lease's deadline as the first
+    // lock comes to hold. Waited for, not assumed: all 3,000 held, then two
+    // more passes, so the question was asked and answered before the revoke.
     let (lease, keys) = locks_on_one_lease(&mut client, 3_000).await;
+    let passes = "lease_sweeper_pass_duration_seconds_count{service=\"lock_sweeper\"}";
+    let held_at = poll(WAIT, "all 3,000 held", || async {
+        let text = scrape(addr).await;
+        match (value(&text, HELD), value(&text, passes)) {
+            (Some(held), Some(n)) if held == 3_000.0 => Ok(n),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    wait_until(WAIT, "two more passes", || async {
+        value(&scrape(addr).await, passes).is_some_and(|n| n >= held_at + 2.0)
+    })
+    .await;
 
     client.lease_revoke(lease).await.unwrap();
     // The first batch's lines are out: the next batches' claims are being
