@@ -235,7 +235,7 @@ async fn only_member_killed_in_the_middle_of_a_mass_revoke_each_still_reported_o
     let held_at = poll(WAIT, "all 3,000 held", || async {
         let text = scrape(addr).await;
         match (value(&text, HELD), value(&text, passes)) {
-            (Some(held), Some(n)) if held == 3_000.0 => Ok(n),
+            (Some(3_000.0), Some(n)) => Ok(n),
             other => Err(format!("{other:?}")),
         }
     })
