@@ -135,7 +135,7 @@ impl DbTarget {
 
 /// The PostgreSQL variables that name a database when set: with etcd's
 /// endpoints also set, one of them is what asks for the job reaper.
-const PG_TARGET_VARS: [&str; 5] = [
+pub const PG_TARGET_VARS: [&str; 5] = [
     "LOCKDB_URL",
     "DATABASE_URL",
     "PGHOST",

@@ -563,7 +563,7 @@ async fn reported(client: &Client, keys: &[String]) -> Result<Vec<bool>, etcd_cl
         let gets: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.as_str(), None)).collect();
         let answers = send_txn(client, &Txn::new().and_then(gets)).await?;
         for answer in answers.op_responses() {
-            let value = first_value(std::slice::from_ref(&answer)).unwrap_or_default();
+            let value = value_of(&answer).unwrap_or_default();
             out.push(value.ends_with(REPORTED));
         }
     }
@@ -604,11 +604,9 @@ async fn owner_state(
     let answers = send_txn(&client, &read).await?.op_responses();
     let resume = answers
         .first()
-        .and_then(|a| first_value(std::slice::from_ref(a)))
+        .and_then(value_of)
         .and_then(|v| v.parse::<i64>().ok());
-    let alive = answers
-        .get(1)
-        .is_some_and(|a| first_value(std::slice::from_ref(a)).is_some());
+    let alive = answers.get(1).is_some_and(|a| value_of(a).is_some());
     Ok((resume, alive))
 }
 
@@ -652,13 +650,18 @@ async fn send_txn(
 
 /// The value of the first key a transaction's first `Get` found.
 fn first_value(answers: &[TxnOpResponse]) -> Option<String> {
-    answers.iter().find_map(|a| match a {
+    answers.iter().find_map(value_of)
+}
+
+/// The value of the key one `Get` of a transaction found.
+fn value_of(answer: &TxnOpResponse) -> Option<String> {
+    match answer {
         TxnOpResponse::Get(g) => g
             .kvs()
             .first()
             .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
         _ => None,
-    })
+    }
 }
 
 /// Keeps this sidecar's liveness key (`lease-sweeper/alive/<me>`) on a

@@ -258,14 +258,7 @@ async fn deliver(
     at: i64,
     feed: &SharedFeed,
 ) -> Result<(), String> {
-    let classified = if unclassified.is_empty() {
-        Ok(Classified {
-            reportable: Vec::new(),
-            released: 0,
-        })
-    } else {
-        classify(client, table, unclassified.clone()).await
-    };
+    let classified = classify(client, table, unclassified.clone()).await;
     let mut f = feed.lock().unwrap();
     f.held = table.held();
     match classified {

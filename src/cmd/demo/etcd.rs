@@ -174,14 +174,8 @@ fn start_daemon(endpoint: &str, statsd_port: u16) -> anyhow::Result<std::process
         .env("HOSTNAME", "demo-sidecar")
         .env("STATSD_HOST", "127.0.0.1")
         .env("STATSD_PORT", statsd_port.to_string());
-    for var in [
-        "LOCKDB_URL",
-        "DATABASE_URL",
-        "PGHOST",
-        "PGHOSTADDR",
-        "PGSERVICE",
-        "PGDATABASE",
-    ] {
+    // Only etcd: no database named, so no job reaper beside it.
+    for var in crate::config::PG_TARGET_VARS {
         command.env_remove(var);
     }
     for var in [
