@@ -330,10 +330,8 @@ fn millis(overdue_millis: i64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::net::UdpSocket;
-    use std::time::Duration;
-
     use super::*;
+    use crate::output::test_agent::Agent;
 
     fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
         (0..n)
@@ -348,29 +346,10 @@ mod tests {
             .collect()
     }
 
-    /// Metrics sending to a real UDP socket on loopback, and that socket.
-    fn metrics_to_listener() -> (Metrics, UdpSocket) {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let metrics = Metrics::new(StatsdTarget {
-            host: "127.0.0.1".into(),
-            port: socket.local_addr().unwrap().port(),
-        });
-        (metrics, socket)
-    }
-
-    /// Lines received until `n` have arrived.
-    fn receive(socket: &UdpSocket, n: usize) -> Vec<String> {
-        let mut lines = Vec::new();
-        let mut buf = [0u8; 2048];
-        while lines.len() < n {
-            let len = socket.recv(&mut buf).expect("a datagram within 10 s");
-            let text = String::from_utf8_lossy(&buf[..len]).into_owned();
-            lines.extend(text.lines().map(str::to_owned));
-        }
-        lines
+    /// Metrics sending to a StatsD agent on loopback, and that agent.
+    fn metrics_to_agent() -> (Metrics, Agent) {
+        let agent = Agent::bind();
+        (Metrics::new(agent.target()), agent)
     }
 
     #[test]
@@ -397,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_full_batch_sends_sampled_timers_with_their_rate_and_its_exact_count() {
-        let (metrics, socket) = metrics_to_listener();
+        let (metrics, agent) = metrics_to_agent();
         let mut lateness = Lateness::default();
         // Added in chunks, as a batch's lines are written; sampled whole.
         for chunk in leases(5_000, ReapedBy::Sweep).chunks(500) {
@@ -410,7 +389,7 @@ mod tests {
         metrics.lease_expired("pg", 2);
         assert!(metrics.finish(), "delivered to loopback");
 
-        let lines = receive(&socket, MAX_OVERDUE_SAMPLES + 4);
+        let lines = agent.receive(MAX_OVERDUE_SAMPLES + 4);
         let expected: Vec<String> = (0..MAX_OVERDUE_SAMPLES)
             .map(|i| {
                 format!(
@@ -430,7 +409,7 @@ mod tests {
 
     #[test]
     fn a_full_job_batch_sends_sampled_timers_tagged_by_action() {
-        let (metrics, socket) = metrics_to_listener();
+        let (metrics, agent) = metrics_to_agent();
         let actions: Vec<JobAction> = (0..10_000)
             .map(|i| JobAction {
                 action: if i % 2 == 0 {
@@ -454,7 +433,7 @@ mod tests {
         metrics.job_lease_overdue("pg", &mut lateness);
         assert!(metrics.finish(), "delivered to loopback");
 
-        let lines = receive(&socket, 2 * MAX_OVERDUE_SAMPLES);
+        let lines = agent.receive(2 * MAX_OVERDUE_SAMPLES);
         // Each action sampled on its own: 100 of its 5,000 (every 50th of
         // them), though the actions alternate.
         let expected: Vec<String> = [(ACTION_RESET, 0), (ACTION_DEAD_LETTER, 1)]

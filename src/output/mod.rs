@@ -13,3 +13,6 @@ pub mod scrape;
 pub mod statsd;
 pub mod table;
 pub mod telemetry;
+
+#[cfg(test)]
+pub mod test_agent;

@@ -361,6 +361,7 @@ mod tests {
     use cadence::Counted as _;
 
     use super::*;
+    use crate::output::test_agent::Agent;
 
     fn target() -> StatsdTarget {
         StatsdTarget {
@@ -369,30 +370,10 @@ mod tests {
         }
     }
 
-    fn listener() -> (UdpSocket, SocketAddr) {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let addr = socket.local_addr().unwrap();
-        (socket, addr)
-    }
-
-    /// Every line received until `n` lines have arrived.
-    fn receive(socket: &UdpSocket, n: usize) -> Vec<String> {
-        let mut lines = Vec::new();
-        let mut buf = [0u8; 2048];
-        while lines.len() < n {
-            let len = socket.recv(&mut buf).expect("a datagram within 10 s");
-            let text = String::from_utf8_lossy(&buf[..len]).into_owned();
-            lines.extend(text.lines().map(str::to_owned));
-        }
-        lines
-    }
-
     #[tokio::test]
     async fn flush_returns_while_the_lookup_hangs_and_the_lines_follow_its_answer() {
-        let (socket, addr) = listener();
+        let agent = Agent::bind();
+        let addr = agent.addr();
         let (answer, answered) = mpsc::channel::<()>();
         let answered = Mutex::new(answered);
         let statsd = Statsd::start(
@@ -411,7 +392,7 @@ mod tests {
         answer.send(()).unwrap();
 
         assert_eq!(
-            receive(&socket, 3),
+            agent.receive(3),
             [
                 "lock.lease.expired:1|c",
                 "lock.lease.expired:2|c",
@@ -468,7 +449,8 @@ mod tests {
 
     #[test]
     fn an_unreachable_host_keeps_the_newest_lines_within_the_bound_and_sends_them_later() {
-        let (socket, addr) = listener();
+        let agent = Agent::bind();
+        let addr = agent.addr();
         let (resolves, resolved) = mpsc::channel::<Result<SocketAddr, String>>();
         let resolved = Mutex::new(resolved);
         let statsd = Statsd::start(
@@ -505,7 +487,7 @@ mod tests {
             statsd.finish(Duration::from_secs(10)),
             "delivered once resolved"
         );
-        assert_eq!(&receive(&socket, 1)[0][..5], "m0050");
+        assert_eq!(&agent.receive(1)[0][..5], "m0050");
     }
 
     #[test]
