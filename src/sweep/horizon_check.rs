@@ -332,9 +332,9 @@ mod tests {
     use std::collections::VecDeque;
 
     use super::*;
-    use crate::config::StatsdTarget;
     use crate::output::events::MemoryLog;
     use crate::output::logfmt::decode_line;
+    use crate::sweep::report::testing::discarded_metrics;
 
     /// Answers queued by the test, one per check.
     struct Stub(VecDeque<Horizon>);
@@ -383,12 +383,8 @@ mod tests {
 
     fn check(answers: Vec<Horizon>) -> (HorizonCheck<Stub>, MemoryLog) {
         let (events, log) = EventLog::in_memory();
-        let metrics = Metrics::new(StatsdTarget {
-            host: "127.0.0.1".into(),
-            port: 9,
-        });
         (
-            HorizonCheck::new(Stub(answers.into()), events, metrics),
+            HorizonCheck::new(Stub(answers.into()), events, discarded_metrics()),
             log,
         )
     }

@@ -11,7 +11,8 @@ use tracing::info;
 use crate::model::{ACTION_DEAD_LETTER, ACTION_RESET, JobAction};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
-use crate::store::{ApplyBatch, Gates, JobQueue, Reporter, StoreError};
+use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
+use crate::sweep::report::{LineReporter, Reaped};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles: the row locks it holds
@@ -112,7 +113,7 @@ impl<Q: JobQueue> JobReaper<Q> {
         while refusal.is_none() && drain.go_on(cancel) {
             self.note_gate(None);
             let mut report =
-                ActionReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
+                LineReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
             match self
                 .queue
                 .apply_batch(&self.actor, JOB_BATCH_SIZE, &mut report)
@@ -146,7 +147,7 @@ impl<Q: JobQueue> JobReaper<Q> {
     async fn recover(&mut self, outcome: &mut ReapOutcome) -> Result<(), StoreError> {
         let backend = self.queue.backend_id();
         loop {
-            let mut report = ActionReporter::new(&mut self.events, &self.metrics, backend, outcome);
+            let mut report = LineReporter::new(&mut self.events, &self.metrics, backend, outcome);
             if self.queue.recover(&mut report).await? == 0 {
                 return Ok(());
             }
@@ -175,73 +176,48 @@ impl<Q: JobQueue> JobReaper<Q> {
     }
 }
 
-/// Where a batch's actions go, applied or recovered alike: it writes their
-/// `job_lease_expired` lines and gathers their lateness and counts, which it
-/// sends, and adds to the pass's outcome, as the batch commits. What it
-/// gathered for a batch that never commits is dropped with it.
-struct ActionReporter<'a> {
-    events: &'a mut EventLog,
-    metrics: &'a Metrics,
-    backend: &'static str,
-    outcome: &'a mut ReapOutcome,
-    lateness: Lateness<&'static str>,
-    reset: u64,
-    dead_lettered: u64,
-}
+/// A job action's line, lateness and counts, for the reaper's
+/// `LineReporter` (applied or recovered alike).
+impl Reaped for JobAction {
+    type Tag = &'static str;
+    type Outcome = ReapOutcome;
 
-impl<'a> ActionReporter<'a> {
-    fn new(
-        events: &'a mut EventLog,
-        metrics: &'a Metrics,
+    fn write(
+        events: &mut EventLog,
         backend: &'static str,
-        outcome: &'a mut ReapOutcome,
-    ) -> Self {
-        Self {
-            events,
-            metrics,
-            backend,
-            outcome,
-            lateness: Lateness::default(),
-            reset: 0,
-            dead_lettered: 0,
-        }
-    }
-}
-
-impl Reporter<JobAction> for ActionReporter<'_> {
-    fn lines(&mut self, actions: &[JobAction]) -> std::io::Result<()> {
-        self.events.warn_lines(
+        actions: &[Self],
+    ) -> std::io::Result<()> {
+        events.warn_lines(
             JOB_LEASE_EXPIRED,
-            actions.iter().map(|a| line_fields(a, self.backend)),
-        )?;
-        self.lateness.add_jobs(actions);
+            actions.iter().map(|a| line_fields(a, backend)),
+        )
+    }
+
+    fn gather(actions: &[Self], lateness: &mut Lateness<&'static str>, batch: &mut ReapOutcome) {
+        lateness.add_jobs(actions);
         for a in actions {
             if a.action == ACTION_DEAD_LETTER {
-                self.dead_lettered += 1;
+                batch.dead_lettered += 1;
             } else {
-                self.reset += 1;
+                batch.reset += 1;
             }
         }
-        Ok(())
     }
 
-    fn committed(&mut self) {
-        let (reset, dead) = (
-            std::mem::take(&mut self.reset),
-            std::mem::take(&mut self.dead_lettered),
-        );
-        if reset + dead == 0 {
-            return;
-        }
-        self.metrics
-            .job_lease_overdue(self.backend, &mut self.lateness);
-        self.metrics
-            .job_lease_reaped(self.backend, ACTION_RESET, reset);
-        self.metrics
-            .job_lease_reaped(self.backend, ACTION_DEAD_LETTER, dead);
-        self.metrics.flush();
-        self.outcome.reset += reset;
-        self.outcome.dead_lettered += dead;
+    fn send(
+        metrics: &Metrics,
+        backend: &'static str,
+        lateness: &mut Lateness<&'static str>,
+        batch: &ReapOutcome,
+    ) {
+        metrics.job_lease_overdue(backend, lateness);
+        metrics.job_lease_reaped(backend, ACTION_RESET, batch.reset);
+        metrics.job_lease_reaped(backend, ACTION_DEAD_LETTER, batch.dead_lettered);
+    }
+
+    fn add(pass: &mut ReapOutcome, batch: &ReapOutcome) {
+        pass.reset += batch.reset;
+        pass.dead_lettered += batch.dead_lettered;
     }
 }
 

@@ -28,7 +28,8 @@ use tracing::info;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
-use crate::store::{LockStore, Reporter, StoreError};
+use crate::store::{LockStore, StoreError};
+use crate::sweep::report::{LineReporter, Reaped};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
 /// Most leases one batch deletes: its transaction holds their row locks,
@@ -100,33 +101,11 @@ impl<S: LockStore> LockSweeper<S> {
         if probe.missed > 0 {
             self.metrics.events_missed(backend, probe.missed);
         }
-        if probe.expired {
-            let mut drain = Drain::new(BATCH_SIZE);
-            while drain.go_on(cancel) {
-                let mut report =
-                    LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
-                let n = self.store.reap_batch(BATCH_SIZE, &mut report).await?;
-                drain.took(n);
-            }
-            outcome.batches += drain.batches;
-            if drain.interrupted {
-                outcome.interrupted = true;
-                return Ok(outcome);
-            }
+        if probe.expired && self.drain(Stage::Expired, cancel, &mut outcome).await? {
+            return Ok(outcome);
         }
-        if probe.recorded {
-            let mut drain = Drain::new(BATCH_SIZE);
-            while drain.go_on(cancel) {
-                let mut report =
-                    LeaseReporter::new(&mut self.events, &self.metrics, backend, &mut outcome);
-                let n = self.store.drain_recorded(BATCH_SIZE, &mut report).await?;
-                drain.took(n);
-            }
-            outcome.batches += drain.batches;
-            if drain.interrupted {
-                outcome.interrupted = true;
-                return Ok(outcome);
-            }
+        if probe.recorded && self.drain(Stage::Recorded, cancel, &mut outcome).await? {
+            return Ok(outcome);
         }
         // The fleet's shared count, already lowered by this sweep's
         // deletions; the probe's answer when nothing had expired.
@@ -138,67 +117,72 @@ impl<S: LockStore> LockSweeper<S> {
         outcome.held = Some(held);
         Ok(outcome)
     }
-}
 
-/// The store's `Reporter` for one call of a sweep's stages: writes the
-/// `lease_expired` lines, counts them as written in the sweep's outcome (a
-/// batch whose lines another sweeper wrote, having recovered its hand-off
-/// first, counts there) and gathers their lateness, which it sends with
-/// their count as each batch commits. What it gathered for a batch that
-/// never commits is dropped with it: an uncommitted batch counts nothing.
-struct LeaseReporter<'a> {
-    events: &'a mut EventLog,
-    metrics: &'a Metrics,
-    backend: &'static str,
-    outcome: &'a mut SweepOutcome,
-    /// One entry a lease written since the last commit, so also how many
-    /// to count.
-    lateness: Lateness<ReapedBy>,
-}
-
-impl<'a> LeaseReporter<'a> {
-    fn new(
-        events: &'a mut EventLog,
-        metrics: &'a Metrics,
-        backend: &'static str,
-        outcome: &'a mut SweepOutcome,
-    ) -> Self {
-        Self {
-            events,
-            metrics,
-            backend,
-            outcome,
-            lateness: Lateness::default(),
+    /// Drains one stage batch by batch into `outcome`; whether a shutdown
+    /// interrupted it (the pass then ends).
+    async fn drain(
+        &mut self,
+        stage: Stage,
+        cancel: &CancellationToken,
+        outcome: &mut SweepOutcome,
+    ) -> Result<bool, StoreError> {
+        let backend = self.store.backend_id();
+        let mut drain = Drain::new(BATCH_SIZE);
+        while drain.go_on(cancel) {
+            let mut report = LineReporter::new(&mut self.events, &self.metrics, backend, outcome);
+            let n = match stage {
+                Stage::Expired => self.store.reap_batch(BATCH_SIZE, &mut report).await?,
+                Stage::Recorded => self.store.drain_recorded(BATCH_SIZE, &mut report).await?,
+            };
+            drain.took(n);
         }
+        outcome.batches += drain.batches;
+        outcome.interrupted = drain.interrupted;
+        Ok(drain.interrupted)
     }
 }
 
-impl Reporter<ExpiredLease> for LeaseReporter<'_> {
-    fn lines(&mut self, leases: &[ExpiredLease]) -> std::io::Result<()> {
-        self.events.lease_expired(self.backend, leases)?;
-        self.lateness.add_leases(leases);
+/// The two stages a pass drains, in this order: expired leases
+/// (`LockStore::reap_batch`), then recorded expiries
+/// (`LockStore::drain_recorded`).
+#[derive(Debug, Clone, Copy)]
+enum Stage {
+    Expired,
+    Recorded,
+}
+
+/// A lease's line, lateness and count, for the sweeper's `LineReporter`.
+impl Reaped for ExpiredLease {
+    type Tag = ReapedBy;
+    type Outcome = SweepOutcome;
+
+    fn write(events: &mut EventLog, backend: &'static str, leases: &[Self]) -> std::io::Result<()> {
+        events.lease_expired(backend, leases)
+    }
+
+    fn gather(leases: &[Self], lateness: &mut Lateness<ReapedBy>, batch: &mut SweepOutcome) {
+        lateness.add_leases(leases);
         for lease in leases {
             match lease.reaped_by {
-                ReapedBy::Sweep | ReapedBy::Expiry | ReapedBy::Revoke => self.outcome.swept += 1,
-                ReapedBy::Takeover | ReapedBy::Release | ReapedBy::Renewal => {
-                    self.outcome.taken_over += 1
-                }
+                ReapedBy::Sweep | ReapedBy::Expiry | ReapedBy::Revoke => batch.swept += 1,
+                ReapedBy::Takeover | ReapedBy::Release | ReapedBy::Renewal => batch.taken_over += 1,
             }
         }
-        Ok(())
     }
 
-    /// Counts the leases written since the last commit, records their
-    /// lateness and sends both at once. As each batch commits, not when the
-    /// sweep ends: a long drain must not hold committed counts until it
-    /// ends, where a crash would lose them.
-    fn committed(&mut self) {
-        let n = self.lateness.count();
-        if n > 0 {
-            self.metrics.lease_overdue(self.backend, &mut self.lateness);
-            self.metrics.lease_expired(self.backend, n);
-            self.metrics.flush();
-        }
+    fn send(
+        metrics: &Metrics,
+        backend: &'static str,
+        lateness: &mut Lateness<ReapedBy>,
+        batch: &SweepOutcome,
+    ) {
+        metrics.lease_overdue(backend, lateness);
+        metrics.lease_expired(backend, batch.swept + batch.taken_over);
+    }
+
+    fn add(pass: &mut SweepOutcome, batch: &SweepOutcome) {
+        pass.swept += batch.swept;
+        pass.taken_over += batch.taken_over;
     }
 }
 
@@ -230,9 +214,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::StatsdTarget;
     use crate::progress::Progress;
     use crate::store::{Probe, Report, Work};
+    use crate::sweep::report::testing::{discarded_metrics, written};
 
     /// What the stub's next `reap_batch` call does.
     enum Step {
@@ -286,15 +270,6 @@ mod tests {
             .collect()
     }
 
-    fn written(report: Report<'_, ExpiredLease>, rows: &[ExpiredLease]) -> Result<(), StoreError> {
-        report.lines(rows).map_err(|source| StoreError::Report {
-            work: Work::LockLeases,
-            source,
-        })?;
-        report.committed();
-        Ok(())
-    }
-
     impl LockStore for Stub {
         fn backend_id(&self) -> &'static str {
             "stub"
@@ -334,7 +309,7 @@ mod tests {
             };
             assert!(n <= limit);
             let rows = leases(n, 1, ReapedBy::Sweep);
-            written(report, &rows)?;
+            written(report, &rows, Work::LockLeases)?;
             Ok(n)
         }
 
@@ -346,7 +321,7 @@ mod tests {
             self.called("drain");
             let n = self.recorded.lock().unwrap().pop_front().unwrap_or(0);
             assert!(n <= limit);
-            written(report, &leases(n, 0, ReapedBy::Takeover))?;
+            written(report, &leases(n, 0, ReapedBy::Takeover), Work::LockLeases)?;
             Ok(n)
         }
 
@@ -356,17 +331,12 @@ mod tests {
         }
     }
 
-    fn metrics() -> Metrics {
-        // Port 9 (discard) on loopback: metrics are not what these tests check.
-        Metrics::new(StatsdTarget {
-            host: "127.0.0.1".into(),
-            port: 9,
-        })
-    }
-
     fn sweeper(stub: &Stub) -> (LockSweeper<Stub>, crate::output::events::MemoryLog) {
         let (log, lines) = EventLog::in_memory();
-        (LockSweeper::new(stub.clone(), log, metrics()), lines)
+        (
+            LockSweeper::new(stub.clone(), log, discarded_metrics()),
+            lines,
+        )
     }
 
     #[tokio::test]
@@ -456,7 +426,12 @@ mod tests {
         let (sweeper, lines) = sweeper(&stub);
         let token = CancellationToken::new();
         let beat = Progress::new(1).beat(0);
-        let task = tokio::spawn(crate::sweep::run(sweeper, metrics(), beat, token.clone()));
+        let task = tokio::spawn(crate::sweep::run(
+            sweeper,
+            discarded_metrics(),
+            beat,
+            token.clone(),
+        ));
 
         // Paused time: each sweep's delay passes at once, the order stays.
         let waited = tokio::time::timeout(Duration::from_secs(60), async {
@@ -488,7 +463,7 @@ mod tests {
         let mut sweeper = LockSweeper::new(
             stub.clone(),
             EventLog::to_writer(Box::new(Broken)),
-            metrics(),
+            discarded_metrics(),
         );
 
         let err = sweeper

@@ -9,6 +9,7 @@
 pub mod horizon_check;
 pub mod job_reaper;
 pub mod lock_sweeper;
+pub mod report;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -133,11 +134,15 @@ pub async fn run<S: Service>(
 /// service does the I/O and tells it what each batch took.
 #[derive(Debug)]
 pub struct Drain {
+    /// What each batch asks for: one that takes less leaves nothing behind
+    /// it, so the drain ends there.
     limit: usize,
+    /// Whether the last batch said more may wait (it came back full).
     more: bool,
-    /// Batches that took something.
+    /// Batches that took something, for the pass's outcome.
     pub batches: u64,
-    /// The drain stopped early because shutdown was requested.
+    /// The drain stopped early because shutdown was requested: the pass
+    /// ends there, leaving what is after it (a gauge) to the next pass.
     pub interrupted: bool,
 }
 

@@ -3,9 +3,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::*;
-use crate::config::StatsdTarget;
 use crate::model::DeadLetter;
 use crate::store::{PassStart, Report, Work};
+use crate::sweep::report::testing::{discarded_metrics, written};
 use crate::sweep::test_log;
 
 /// What the stub's next `apply_batch` call does.
@@ -90,15 +90,6 @@ fn actions(reset: usize, dead: usize) -> Vec<JobAction> {
         .collect()
 }
 
-fn written(report: Report<'_, JobAction>, batch: &[JobAction]) -> Result<(), StoreError> {
-    report.lines(batch).map_err(|source| StoreError::Report {
-        work: Work::JobQueue,
-        source,
-    })?;
-    report.committed();
-    Ok(())
-}
-
 impl JobQueue for Stub {
     fn backend_id(&self) -> &'static str {
         "stub"
@@ -124,7 +115,7 @@ impl JobQueue for Stub {
         let Some((reset, dead)) = self.abandoned.lock().unwrap().pop_front() else {
             return Ok(0);
         };
-        written(report, &actions(reset, dead))?;
+        written(report, &actions(reset, dead), Work::JobQueue)?;
         Ok(reset + dead)
     }
 
@@ -149,7 +140,7 @@ impl JobQueue for Stub {
                 (reset, 0)
             }
         };
-        written(report, &actions(reset, dead))?;
+        written(report, &actions(reset, dead), Work::JobQueue)?;
         Ok(ApplyBatch::Applied { n: reset + dead })
     }
 
@@ -161,12 +152,7 @@ impl JobQueue for Stub {
 
 fn reaper(stub: &Stub) -> (JobReaper<Stub>, crate::output::events::MemoryLog) {
     let (log, lines) = EventLog::in_memory();
-    // Port 9 (discard) on loopback: metrics are not what these tests check.
-    let metrics = Metrics::new(StatsdTarget {
-        host: "127.0.0.1".into(),
-        port: 9,
-    });
-    let reaper = JobReaper::new(stub.clone(), log, metrics, "tester".into());
+    let reaper = JobReaper::new(stub.clone(), log, discarded_metrics(), "tester".into());
     (reaper, lines)
 }
 
@@ -325,10 +311,7 @@ async fn an_unwritable_log_fails_the_batch_instead_of_losing_lines() {
     }
     let stub = Stub::default();
     stub.applies([Apply::Reap(3, 0)]);
-    let metrics = Metrics::new(StatsdTarget {
-        host: "127.0.0.1".into(),
-        port: 9,
-    });
+    let metrics = discarded_metrics();
     let events = EventLog::to_writer(Box::new(Broken));
     let mut reaper = JobReaper::new(stub.clone(), events, metrics, "tester".into());
 
@@ -348,10 +331,7 @@ async fn failed_passes_are_counted_as_reaps_by_the_loop() {
     *stub.down_for.lock().unwrap() = 2;
     let (reaper, _lines) = reaper(&stub);
     let token = CancellationToken::new();
-    let metrics = Metrics::new(StatsdTarget {
-        host: "127.0.0.1".into(),
-        port: 9,
-    });
+    let metrics = discarded_metrics();
     let beat = crate::progress::Progress::new(1).beat(0);
     let task = tokio::spawn(crate::sweep::run(reaper, metrics, beat, token.clone()));
 
