@@ -5,8 +5,9 @@
 pub(super) const RUN_HEAD: &str = "\
 OUTPUT:
   logfmt on stdout, one event per line: ts=<RFC 3339 UTC> level=<level> message=<event> ...
-  Exactly one line per expired lock lease, written before its deletion commits. A
-  log-based metric filters on the line's start, `{LEASE_EXPIRED_FILTER}`
+  One line per expired lock lease, written before the last record of its expiry in the
+  database is gone, so a crash can repeat a line but never lose one. A log-based metric
+  filters on the line's start, `{LEASE_EXPIRED_FILTER}`
   (a lock key may carry that text later in its own line):
     ts=... level=warn message=lease_expired lockKey=K token=N expiredAtMillis=MS
         overdueMillis=MS backend=pg reapedBy=sweep|takeover|release|renewal ownerId=O
@@ -17,8 +18,8 @@ OUTPUT:
   One line per holder of the xmin horizon keeping dead rows of lock_entry/job_queue,
   every 60 s while it holds (level=warn message=xmin_horizon_held holder=... pid=...
   applicationName=... slotName=... gid=...), and xmin_horizon_released when it ends.
-  Diagnostics (docs/metrics-and-logs.md), from two independent loops, each on its own
-  connection: the lock sweeper (sweep_*) and the job reaper (job_reap_*):
+  Diagnostics (docs/metrics-and-logs.md), from two independent loops: the lock sweeper
+  (sweep_*), on a connection of its own, and the job reaper (job_reap_*):
     starting, systemd_notify_enabled, sweeper_started, job_reaper_started
     sweep_failed / sweep_recovered, job_reap_failed / job_reap_recovered (database
       trouble: logged when it starts or changes, then once a minute, then on recovery)
@@ -28,8 +29,8 @@ OUTPUT:
     sweep_abandoned_at_shutdown, job_reap_abandoned_at_shutdown (a batch still running
       2 s after the signal rolls back)
     sweeper_stopped, job_reaper_stopped
-  A third loop, the horizon check (horizon_check_*, every 10 s, its own connection,
-  never part of a sweep): horizon_check_started, horizon_check_failed /
+  A third loop, the horizon check (horizon_check_*, every 10 s, taking turns with the job
+  reaper on its connection, never part of a sweep): horizon_check_started, horizon_check_failed /
   horizon_check_recovered, xmin_horizon_partial_view (no pg_read_all_stats, once),
   horizon_check_abandoned_at_shutdown, horizon_check_stopped
 
@@ -50,8 +51,9 @@ SIGNALS:
 
 SYSTEMD:
   With NOTIFY_SOCKET set (Type=notify): READY=1 after the first lock sweep, WATCHDOG=1
-  each time both loops have finished a pass (failed or not), so a wedged loop of either
-  service stops the pings; STOPPING=1 on the first signal.
+  each time the lock sweeper and the job reaper (with etcd and no database, the sweeper
+  alone) have each finished a pass (failed or not), so a wedged loop of either stops the
+  pings; the horizon check is not watched. STOPPING=1 on the first signal.
 
 EXAMPLES:
   LOCKDB_URL=postgres://sweeper:secret@db.internal:5432/locks lease-sweeper run

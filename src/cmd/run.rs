@@ -1,11 +1,12 @@
 //! `lease-sweeper run`: the daemon.
 //!
-//! Owns wiring the services to their backends (the lock sweep's own
-//! connection, to PostgreSQL or etcd; one PostgreSQL connection the job
-//! reaper and the horizon check share, the latter outside the watchdog's
-//! set of loops), the signal lines,
-//! StatsD, the scrape endpoint when it is asked for, systemd and the
-//! shutdown signal, then waiting for every loop to stop. It owns no timing (`sweep::run`) and no SQL (`pg`).
+//! Owns wiring the three services to their backends (the lock sweeper on a
+//! connection of its own, to PostgreSQL or etcd; the job reaper and the
+//! horizon check taking turns on one PostgreSQL connection, the horizon
+//! check outside the watchdog's loops), the signal lines, StatsD, the
+//! scrape endpoint when it is asked for, systemd and the shutdown signal,
+//! then waiting for every loop to stop. It owns no timing (`sweep::run`)
+//! and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
@@ -25,7 +26,8 @@ use crate::sweep::horizon_check::HorizonCheck;
 use crate::sweep::job_reaper::JobReaper;
 use crate::sweep::lock_sweeper::LockSweeper;
 
-/// The progress slot of each loop; the lock sweeper's first pass is "ready".
+/// The progress slot of each watched loop (the horizon check has none); the
+/// lock sweeper's first pass is "ready".
 const LOCK_LOOP: usize = 0;
 const JOB_LOOP: usize = 1;
 
@@ -69,7 +71,7 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let progress = Progress::new(if db.is_some() { 2 } else { 1 });
     // systemd: READY=1 after the first lock sweep, WATCHDOG=1 while every
-    // loop moves, STOPPING=1 on the signal.
+    // watched loop moves, STOPPING=1 on the signal.
     let notifier = crate::notify::Notifier::from_env();
     notifier.follow(progress.watch(), LOCK_LOOP, shutdown.clone());
     // Containers: the same progress, as a file `lease-sweeper alive` reads.

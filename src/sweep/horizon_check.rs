@@ -2,9 +2,10 @@
 //! dead rows `lock_entry` and `job_queue` carry, names each holder that
 //! keeps dead rows (WARN `xmin_horizon_held`, again every `HELD_REPEAT`),
 //! says `xmin_horizon_released` when a hold ends, and sets the horizon
-//! gauges. Owns the rule "held" and the lines' words; runs on its own loop
-//! and connection, so it never fails or delays a sweep. Not the statements
-//! (`pg::horizon`).
+//! gauges. Owns the rule "held" and the lines' words; runs on its own loop,
+//! taking turns with the job reaper on their connection (the lock sweeper's
+//! is its own), so it never fails or delays a lock sweep. Not the
+//! statements (`pg::horizon`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

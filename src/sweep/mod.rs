@@ -1,10 +1,13 @@
 //! The maintenance services (`lock_sweeper`, `job_reaper`, `horizon_check`)
-//! and the one loop, `run`, that runs each as its own future, so none
-//! delays another (the lock sweeper on a connection of its own). A service
-//! does one pass; `run` owns time (the delay, shutdown, the drain grace),
-//! failure lines, health metrics, StatsD flushes and `progress`; `Drain` is
-//! the batch-by-batch rule. No SQL (`store`'s seams), no signals
-//! (`shutdown`), no systemd (`notify`).
+//! and the one loop, `run`, that runs each as its own future, so no pass
+//! waits for another service's (the lock sweeper is on a connection of its
+//! own; the job reaper and the horizon check take turns on theirs, one
+//! statement at a time). A service does one pass; `run` owns time (the
+//! delay, shutdown, the drain grace), failure lines, health metrics, StatsD
+//! flushes and `progress`; `Drain` is the batch-by-batch rule, and
+//! `report::LineReporter` writes a batch's lines and counts them at its
+//! commit. No SQL (`store`'s seams), no signals (`shutdown`), no systemd
+//! (`notify`).
 
 pub mod horizon_check;
 pub mod job_reaper;
@@ -29,8 +32,9 @@ use crate::store::StoreError;
 pub const SWEEP_DELAY: Duration = Duration::from_secs(1);
 
 /// After a shutdown signal, how long a pass in flight may take to finish its
-/// batch before it is abandoned (its transaction then rolls back, so its rows
-/// are reported again by the next pass: at least once).
+/// batch before it is abandoned (its open transaction then rolls back; what
+/// it had already committed stays recorded, so its rows are reported by a
+/// later pass: at least once).
 pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
 /// While the same error persists, it is logged again at most this often.
