@@ -15,12 +15,14 @@ use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
 use crate::sweep::report::{LineReporter, Reaped};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
-/// Most stale jobs one apply transaction handles: the row locks it holds
-/// (a worker's heartbeat or completion of one of them waits for that
-/// transaction, which commits before the lines are written) and the report
-/// it carries. The pass loops until a short batch, so a backlog still
-/// drains in one pass; large enough that 100,000 stale jobs are reaped
-/// within 10 s beside the workers (docs/performance.md has the figures).
+/// Most stale jobs one apply transaction handles. It holds their row locks
+/// until it commits (a worker's heartbeat or completion of one of them
+/// waits for that commit, which comes before the lines are written) and
+/// carries one action each in its report, so a worker waits on one short
+/// transaction at most and a report stays bounded. A pass runs batch after
+/// batch until a short one (`Drain`), so the limit bounds that wait, never
+/// how much one pass reaps. docs/performance.md has the figures behind the
+/// choice.
 pub const JOB_BATCH_SIZE: usize = 1_000;
 
 /// The event name of the per-action WARN line.

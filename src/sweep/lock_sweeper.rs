@@ -32,21 +32,24 @@ use crate::store::{LockStore, StoreError};
 use crate::sweep::report::{LineReporter, Reaped};
 use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
 
-/// Most leases one batch deletes: its transaction holds their row locks,
-/// and a lock-server call on one of their keys (a storm's callers
-/// re-acquire exactly those keys) waits for it, so a batch is kept to a
-/// few milliseconds of work; the lines are written after it commits. Large
-/// enough that a 200,000-lease storm is still reported within 10 s;
-/// docs/performance.md has the figures behind the choice.
+/// Most leases one batch deletes. Its transaction holds their row locks
+/// until it commits, and a lock-server call on one of their keys (a storm's
+/// callers re-acquire exactly those keys) waits for that commit, so a
+/// caller waits on one short transaction at most; the lines are written
+/// after it commits. A pass runs batch after batch (`Drain`), so the limit
+/// bounds that wait, never how much one pass reaps. docs/performance.md
+/// has the figures behind the choice.
 pub const BATCH_SIZE: usize = 1_000;
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepOutcome {
-    /// Expired leases deleted by this sweep.
+    /// Leases this sweep reported as swept (`reapedBy` sweep, expiry or
+    /// revoke): its own deletions, and those of a hand-off it recovered
+    /// from a sweeper that did not report them.
     pub swept: u64,
-    /// Expired leases taken over or released late, or swept by a sweeper
-    /// that did not report them, and reported by this sweep.
+    /// Leases this sweep reported from the record of a takeover, a late
+    /// release or a late renewal.
     pub taken_over: u64,
     /// Batches that took something.
     pub batches: u64,
@@ -71,8 +74,13 @@ impl Outcome for SweepOutcome {
 
 /// The lock-lease service.
 pub struct LockSweeper<S: LockStore> {
+    /// The leases' backend: where a pass's calls go, in `LockStore`'s order.
     store: S,
+    /// Where the `lease_expired` lines go (stdout in the daemon): no log
+    /// level can silence them.
     events: EventLog,
+    /// Where each batch's counts and lateness go as it commits, and the
+    /// pass's gauge after it.
     metrics: Metrics,
 }
 
