@@ -1,4 +1,8 @@
-//! `sweep_once` against a real database: the exactness of the signal.
+//! `sweep_once` against a real database, one sweeper alone: each expired
+//! lease one line and one count, live leases untouched, a backlog drained in
+//! one sweep by the expiry index, and a batch whose lines fail kept until a
+//! sweep writes them. Other sessions at work beside it are `concurrent`'s;
+//! expiries the lock server records itself are `recorded`'s.
 
 use std::collections::HashSet;
 
@@ -6,30 +10,10 @@ use lease_sweeper::testing::events::EventLog;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::{BATCH_SIZE, LockSweeper};
 use lease_sweeper::testing::metrics::{MAX_OVERDUE_SAMPLES, Metrics};
-use lease_sweeper::testing::progress::Progress;
-use lease_sweeper::testing::sweep::run;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{
-    BusyNeighbour, StatsdCapture, TestDb, count, events, exec, fields, insert_expired,
-};
-
-async fn sweeper(
-    db: &TestDb,
-    statsd: &StatsdCapture,
-) -> (
-    LockSweeper<PgLockStore>,
-    lease_sweeper::testing::events::MemoryLog,
-    Metrics,
-) {
-    let (log, lines) = EventLog::in_memory();
-    let metrics = Metrics::new(statsd.target());
-    (
-        LockSweeper::new(PgLockStore::new(db.target()), log, metrics.clone()),
-        lines,
-        metrics,
-    )
-}
+use super::{BrokenPipe, sweeper};
+use crate::support::{StatsdCapture, TestDb, count, exec, fields, insert_expired};
 
 #[tokio::test]
 async fn n_expiries_n_lines_count_n() {
@@ -37,7 +21,7 @@ async fn n_expiries_n_lines_count_n() {
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "payout:acct-", 25, 3_000).await;
-    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd);
 
     let outcome = sweeper
         .sweep_once(&CancellationToken::new())
@@ -93,7 +77,7 @@ async fn live_leases_untouched_quiet_sweep_silent() {
             .unwrap();
         assert!(token.is_some());
     }
-    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd);
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
     metrics.flush();
@@ -133,7 +117,7 @@ async fn backlog_drained_in_one_sweep() {
     let mut conn = db.connect().await;
     let n = BATCH_SIZE as i64 * 2 + 7;
     insert_expired(&mut conn, "backlog-", n, 1_000).await;
-    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd);
 
     let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
     metrics.flush();
@@ -151,288 +135,6 @@ async fn backlog_drained_in_one_sweep() {
     );
 }
 
-/// `n` leases swept, one line each, no key twice, and every hand-off
-/// claimed once its lines were out.
-async fn assert_each_once_none_left(
-    conn: &mut sqlx::PgConnection,
-    lines: &[String],
-    n: i64,
-    swept: u64,
-) {
-    assert_eq!(swept, n as u64);
-    let keys: HashSet<String> = events(lines, "lease_expired")
-        .into_iter()
-        .map(|f| f["lockKey"].clone())
-        .collect();
-    assert_eq!((lines.len(), keys.len()), (n as usize, n as usize));
-    assert_eq!(
-        count(conn, "SELECT count(*) FROM lock_reap_handoff").await,
-        0,
-        "every hand-off claimed once its lines were out"
-    );
-}
-
-/// The sweeper's connections on this test's database.
-async fn sweeper_connections(conn: &mut sqlx::PgConnection) -> i64 {
-    count(
-        conn,
-        "SELECT count(*) FROM pg_stat_activity
-          WHERE datname = current_database() AND application_name = 'lease-sweeper'",
-    )
-    .await
-}
-
-/// A backlog of several batches is drained on the sweep's one connection,
-/// beside a session running a statement as alone: full batches, each lease
-/// once, nothing left.
-#[tokio::test]
-async fn backlog_on_one_connection_beside_a_busy_session() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let n = BATCH_SIZE as i64 * 5 / 2;
-    insert_expired(&mut conn, "overlap-", n, 1_000).await;
-    let neighbour = BusyNeighbour::start(&db).await;
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
-
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-
-    assert_each_once_none_left(&mut conn, &log.lines(), n, outcome.swept).await;
-    assert_eq!(outcome.batches, 3, "full batches, then the short one");
-    assert_eq!(sweeper_connections(&mut conn).await, 1, "one connection");
-    neighbour.stop(&mut conn).await;
-}
-
-/// A backlog beside takeovers waiting to be reported (a lock server
-/// re-acquiring a storm's keys): each lease and the takeover once, on one
-/// connection.
-#[tokio::test]
-async fn backlog_beside_waiting_takeovers_each_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let n = 2_000;
-    let tokens = insert_expired(&mut conn, "stormed-", n, 1_000).await;
-    let stolen: Option<i64> =
-        sqlx::query_scalar("SELECT lock_acquire('stormed-1', 'caller', 60000)")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    assert!(stolen.is_some(), "the caller takes the expired key over");
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
-
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-
-    assert_eq!(
-        (outcome.swept, outcome.taken_over),
-        (n as u64 - 1, 1),
-        "every other lease swept, the stolen one reported as taken over"
-    );
-    assert_eq!(sweeper_connections(&mut conn).await, 1, "one connection");
-    let lines = log.lines();
-    let reported: HashSet<(String, String)> = events(&lines, "lease_expired")
-        .into_iter()
-        .map(|f| (f["lockKey"].clone(), f["token"].clone()))
-        .collect();
-    let expected: HashSet<(String, String)> = tokens
-        .into_iter()
-        .map(|(key, token)| (key, token.to_string()))
-        .collect();
-    assert_eq!(lines.len(), n as usize, "one line a lease");
-    assert_eq!(reported, expected, "each lease once, with its own token");
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn three_sweepers_report_each_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    insert_expired(&mut conn, "shared-", 10_000, 1_000).await;
-    let (mut a, log_a, m_a) = sweeper(&db, &statsd).await;
-    let (mut b, log_b, m_b) = sweeper(&db, &statsd).await;
-    let (mut c, log_c, m_c) = sweeper(&db, &statsd).await;
-    let token = CancellationToken::new();
-
-    let (ra, rb, rc) = tokio::join!(
-        a.sweep_once(&token),
-        b.sweep_once(&token),
-        c.sweep_once(&token)
-    );
-    for m in [m_a, m_b, m_c] {
-        m.flush();
-    }
-
-    let total = ra.unwrap().swept + rb.unwrap().swept + rc.unwrap().swept;
-    assert_eq!(total, 10_000);
-    let mut seen = HashSet::new();
-    for line in log_a
-        .lines()
-        .iter()
-        .chain(&log_b.lines())
-        .chain(&log_c.lines())
-    {
-        let key = fields(line)["lockKey"].clone();
-        assert!(seen.insert(key.clone()), "{key} reported twice");
-    }
-    assert_eq!(seen.len(), 10_000);
-    statsd
-        .wait_counter("lock.lease.expired", "#backend:pg", 10_000)
-        .await;
-    assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 10_000);
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-}
-
-#[tokio::test]
-async fn takeover_reported_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let old: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'paused', 1)")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    // Not a wait for sweeps: let the 1 ms lease expire so it can be stolen.
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    let new: i64 = sqlx::query_scalar("SELECT lock_acquire('invoice:42', 'thief', 60000)")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert!(new > old);
-    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
-
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush();
-
-    assert_eq!(
-        (outcome.swept, outcome.taken_over, outcome.held),
-        (0, 1, Some(1))
-    );
-    let lines = log.lines();
-    let expired = events(&lines, "lease_expired");
-    assert_eq!(expired.len(), 1, "{lines:?}");
-    assert_eq!(expired[0]["lockKey"], "invoice:42");
-    assert_eq!(expired[0]["token"], old.to_string());
-    assert_eq!(expired[0]["reapedBy"], "takeover");
-    assert_eq!(expired[0]["ownerId"], "paused");
-    assert!(expired[0]["overdueMillis"].parse::<i64>().unwrap() >= 1);
-    statsd
-        .wait_counter("lock.lease.expired", "#backend:pg", 1)
-        .await;
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
-        0
-    );
-    // The new holder's lease is live and untouched; a renewal is not a takeover.
-    let renewed: bool = sqlx::query_scalar("SELECT lock_renew('invoice:42', $1, 60000)")
-        .bind(new)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert!(renewed);
-    assert_eq!(
-        count(&mut conn, "SELECT count(*) FROM lock_expiry_outbox").await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn stealing_acquires_report_each_token_once() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let stop = CancellationToken::new();
-    let (log_a, log_b) = {
-        let (a, log_a, metrics_a) = sweeper(&db, &statsd).await;
-        let (b, log_b, metrics_b) = sweeper(&db, &statsd).await;
-        let progress = Progress::new(2);
-        tokio::spawn(run(a, metrics_a, progress.beat(0), stop.clone()));
-        tokio::spawn(run(b, metrics_b, progress.beat(1), stop.clone()));
-        (log_a, log_b)
-    };
-    // A lock server hammering 20 keys with 5 ms leases it never renews or
-    // releases: each lease is either swept or stolen, never both.
-    let mut conn = db.connect().await;
-    let mut issued = HashSet::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(2_500);
-    while std::time::Instant::now() < deadline {
-        for k in 0..20 {
-            let token: Option<i64> = sqlx::query_scalar("SELECT lock_acquire($1, 'flaky', 5)")
-                .bind(format!("hot-{k}"))
-                .fetch_one(&mut conn)
-                .await
-                .unwrap();
-            issued.extend(token);
-        }
-        // Pacing, not a wait for sweeps: the 5 ms leases expire between
-        // rounds, so each round steals some and leaves the rest to sweep.
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
-    }
-    crate::support::wait_until(
-        std::time::Duration::from_secs(10),
-        "every lease reported",
-        || {
-            let (a, b) = (log_a.clone(), log_b.clone());
-            let n = issued.len();
-            async move { a.lines().len() + b.lines().len() >= n }
-        },
-    )
-    .await;
-    stop.cancel();
-
-    let mut reported = HashSet::new();
-    let mut by_takeover = 0;
-    for line in log_a.lines().iter().chain(&log_b.lines()) {
-        let f = fields(line);
-        let token: i64 = f["token"].parse().unwrap();
-        assert!(reported.insert(token), "token {token} reported twice");
-        by_takeover += usize::from(f["reapedBy"] == "takeover");
-    }
-    assert_eq!(
-        reported, issued,
-        "every issued token reported once, none invented"
-    );
-    assert!(
-        by_takeover > 0,
-        "the race produced no takeover at all ({} leases)",
-        issued.len()
-    );
-}
-
-#[tokio::test]
-async fn late_release_still_reported() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let token: i64 = sqlx::query_scalar("SELECT lock_acquire('late', 'slow', 1)")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    // Not a wait for sweeps: let the 1 ms lease expire before its release.
-    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    let released: bool = sqlx::query_scalar("SELECT lock_release('late', $1)")
-        .bind(token)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert!(!released, "an expired lease cannot be released");
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
-    assert_eq!(
-        sweeper
-            .sweep_once(&CancellationToken::new())
-            .await
-            .unwrap()
-            .swept,
-        1
-    );
-    assert_eq!(
-        events(&log.lines(), "lease_expired")[0]["token"],
-        token.to_string()
-    );
-}
-
 #[tokio::test]
 async fn hostile_key_one_line_decodes_back() {
     let db = TestDb::new().await;
@@ -446,7 +148,7 @@ async fn hostile_key_one_line_decodes_back() {
     .execute(&mut conn)
     .await
     .unwrap();
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
+    let (mut sweeper, log, _) = sweeper(&db, &statsd);
 
     sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
 
@@ -503,16 +205,89 @@ async fn statement_uses_expiry_index() {
 }
 
 #[tokio::test]
+async fn locked_lease_reaped_next_sweep() {
+    use sqlx::Connection as _;
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    // The oldest lease is held locked by another session while a sweep
+    // drains a backlog of two full batches plus some: later batches resume
+    // past its deadline, so only the next sweep (which starts from the
+    // oldest again) can reap it.
+    insert_expired(&mut conn, "old-", 1, 60_000).await;
+    insert_expired(&mut conn, "bulk-", BATCH_SIZE as i64 * 2 + 10, 1_000).await;
+    let mut holder = db.connect().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = 'old-1' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (mut sweeper, log, _) = sweeper(&db, &statsd);
+
+    let first = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    assert_eq!(
+        first.swept,
+        BATCH_SIZE as u64 * 2 + 10,
+        "everything but the locked lease"
+    );
+    tx.rollback().await.unwrap();
+    let second = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(second.swept, 1);
+    let lines = log.lines();
+    assert_eq!(lines.len(), BATCH_SIZE * 2 + 11);
+    assert_eq!(fields(lines.last().unwrap())["lockKey"], "old-1");
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
+}
+
+/// A batch's lines are written in chunks, yet StatsD's lateness sample is
+/// taken across the whole batch: at most `MAX_OVERDUE_SAMPLES` timers a
+/// batch, whose sample rates scale back to exactly the leases reported.
+#[tokio::test]
+async fn lateness_sample_spans_each_whole_batch() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let mut conn = db.connect().await;
+    let n = BATCH_SIZE as i64 * 2 + 500;
+    insert_expired(&mut conn, "sampled-", n, 2_000).await;
+    let (mut sweeper, log, metrics) = sweeper(&db, &statsd);
+
+    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
+    metrics.flush();
+
+    assert_eq!(outcome.swept, n as u64);
+    assert_eq!(log.lines().len(), n as usize);
+    statsd
+        .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
+        .await;
+    let timers: Vec<String> = statsd
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("lock.lease.overdue:"))
+        .collect();
+    assert!(
+        timers.len() as u64 <= MAX_OVERDUE_SAMPLES as u64 * outcome.batches,
+        "{} timers for {} batches",
+        timers.len(),
+        outcome.batches
+    );
+    let scaled: f64 = timers
+        .iter()
+        .map(|l| {
+            l.split('|')
+                .find_map(|p| p.strip_prefix('@'))
+                .map_or(1.0, |rate| 1.0 / rate.parse::<f64>().unwrap())
+        })
+        .sum();
+    assert!(
+        (scaled - n as f64).abs() < 0.5,
+        "the rates scale {} timers back to {scaled}, not {n}",
+        timers.len()
+    );
+}
+
+#[tokio::test]
 async fn unwritable_batch_stays_handed_off() {
-    struct BrokenPipe;
-    impl std::io::Write for BrokenPipe {
-        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-            Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
@@ -550,7 +325,7 @@ async fn unwritable_batch_stays_handed_off() {
     )
     .await;
     // A healthy sweeper then reports all twelve.
-    let (mut healthy, log, _) = sweeper(&db, &statsd).await;
+    let (mut healthy, log, _) = sweeper(&db, &statsd);
     assert_eq!(
         healthy
             .sweep_once(&CancellationToken::new())
@@ -570,86 +345,4 @@ async fn unwritable_batch_stays_handed_off() {
         .wait_counter("lock.lease.expired", "#backend:pg", 12)
         .await;
     assert_eq!(statsd.counter("lock.lease.expired", "#backend:pg"), 12);
-}
-
-#[tokio::test]
-async fn locked_lease_reaped_next_sweep() {
-    use sqlx::Connection as _;
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    // The oldest lease is held locked by another session while a sweep
-    // drains a backlog of two full batches plus some: later batches resume
-    // past its deadline, so only the next sweep (which starts from the
-    // oldest again) can reap it.
-    insert_expired(&mut conn, "old-", 1, 60_000).await;
-    insert_expired(&mut conn, "bulk-", BATCH_SIZE as i64 * 2 + 10, 1_000).await;
-    let mut holder = db.connect().await;
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM lock_entry WHERE lock_key = 'old-1' FOR UPDATE")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let (mut sweeper, log, _) = sweeper(&db, &statsd).await;
-
-    let first = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    assert_eq!(
-        first.swept,
-        BATCH_SIZE as u64 * 2 + 10,
-        "everything but the locked lease"
-    );
-    tx.rollback().await.unwrap();
-    let second = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-
-    assert_eq!(second.swept, 1);
-    let lines = log.lines();
-    assert_eq!(lines.len(), BATCH_SIZE * 2 + 11);
-    assert_eq!(fields(lines.last().unwrap())["lockKey"], "old-1");
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-}
-
-/// A batch's lines are written in chunks, yet StatsD's lateness sample is
-/// taken across the whole batch: at most `MAX_OVERDUE_SAMPLES` timers a
-/// batch, whose sample rates scale back to exactly the leases reported.
-#[tokio::test]
-async fn lateness_sample_spans_each_whole_batch() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let mut conn = db.connect().await;
-    let n = BATCH_SIZE as i64 * 2 + 500;
-    insert_expired(&mut conn, "sampled-", n, 2_000).await;
-    let (mut sweeper, log, metrics) = sweeper(&db, &statsd).await;
-
-    let outcome = sweeper.sweep_once(&CancellationToken::new()).await.unwrap();
-    metrics.flush();
-
-    assert_eq!(outcome.swept, n as u64);
-    assert_eq!(log.lines().len(), n as usize);
-    statsd
-        .wait_counter("lock.lease.expired", "#backend:pg", n as u64)
-        .await;
-    let timers: Vec<String> = statsd
-        .lines()
-        .into_iter()
-        .filter(|l| l.starts_with("lock.lease.overdue:"))
-        .collect();
-    assert!(
-        timers.len() as u64 <= MAX_OVERDUE_SAMPLES as u64 * outcome.batches,
-        "{} timers for {} batches",
-        timers.len(),
-        outcome.batches
-    );
-    let scaled: f64 = timers
-        .iter()
-        .map(|l| {
-            l.split('|')
-                .find_map(|p| p.strip_prefix('@'))
-                .map_or(1.0, |rate| 1.0 / rate.parse::<f64>().unwrap())
-        })
-        .sum();
-    assert!(
-        (scaled - n as f64).abs() < 0.5,
-        "the rates scale {} timers back to {scaled}, not {n}",
-        timers.len()
-    );
 }
