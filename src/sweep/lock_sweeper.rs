@@ -1,21 +1,49 @@
 //! The lock sweeper: one pass asks the store what there is to do, reaps
 //! expired leases batch by batch in deadline order, each from where the last
 //! left off, until a short batch, then drains recorded takeovers and late
-//! releases the same way, and sets the held-lease gauge. Owns each batch's
-//! `lease_expired` lines and counts, sent with the batch. Not the loop's
-//! timing or error logging (`sweep::run`) nor any SQL (the store).
+//! releases the same way, and sets the held-lease gauge. Owns what a lease's
+//! line, lateness and count are (`Reaped` for `ExpiredLease`). Not the
+//! loop's timing or error logging (`sweep::run`), writing and sending a
+//! batch (`sweep::report`), nor any SQL (the store).
 //!
-//! What a reader must hold to change how a batch is reaped, all of it:
-//! - types: `LockSweeper`, `SweepOutcome`, `LeaseReporter`, `Drain`,
-//!   `LockStore` with its `Probe` and `Batch`, `PgLockStore`;
-//! - constants: `BATCH_SIZE`, `SWEEP_DELAY`, `HELD_COUNT_MAX_AGE`;
-//! - SQL functions on the path: `lock_sweep_probe`, `lock_reap_batch` (and
-//!   `lock_reap_expired`, the row-by-row path it falls back on),
-//!   `lock_handoff_claim`, `lock_handoff_recover`, `lock_drain_takeovers`,
-//!   `lock_held_count_get`: 18 in all;
-//! - one connection, one batch shape: delete up to `BATCH_SIZE` rows in
-//!   deadline order, skipping rows others hold, commit them with their
-//!   hand-off, write their lines, clear the hand-off.
+//! Everything a reader meets from the timer tick to the `lease_expired`
+//! line, failure path included, 56 in all:
+//! - the loop (`sweep`, 8): `SWEEP_DELAY`, the pause between passes of a
+//!   `Service`, whose `Outcome` says what a pass did; `DRAIN_GRACE`, how
+//!   long a pass in flight may finish after a shutdown signal; `ErrorLog`,
+//!   which logs a failed pass once and again every `ERROR_REPEAT`, its
+//!   count named by `FailedPasses`; `Beat`, told after every pass, which the
+//!   watchdog follows;
+//! - the pass (5): `LockSweeper`, the service; `Stage`, expired leases then
+//!   recorded expiries; `Drain`, the rule that runs batches of `BATCH_SIZE`
+//!   until a short one or a shutdown; `SweepOutcome`, its counts;
+//! - the seam (`store`, `model`, 8): `LockStore`, a pass's calls in their
+//!   order; `Probe`, its first answer; `Reporter`, handed to each call as a
+//!   `Report`, through which a batch's lines go; `StoreError`, every
+//!   failure, naming its `Work`; `ExpiredLease`, one line's lease, and
+//!   `ReapedBy`, how it left the table;
+//! - the lines (`sweep::report`, `output`, 5): `LineReporter`, which for any
+//!   `Reaped` row writes through `EventLog` (stdout, no log level can
+//!   silence it), gathers `Lateness` and sends it with the counts to
+//!   `Metrics` at each commit;
+//! - PostgreSQL (`pg`, 16): `PgLockStore` on its own `Db` (one connection,
+//!   reopened after a failure, which `BatchFailure` names); `Taken`, where
+//!   the next batch starts; the rows decoded: `SweepProbe`, `HandedOffRow`
+//!   into `HandedOff`, `LeaseRow` into `LeaseBatch`, `SetAsideLease`,
+//!   `HandoffRow`, `HeldCount`; `BEGIN_GUARDED`, how every transaction opens
+//!   (its timeouts); `PROBE_TIMEOUT`, the probe's bound; `REPORT_CHUNK`, the
+//!   lines written between two yields; `HELD_COUNT_MAX_AGE`, how old the
+//!   shared held count may be;
+//! - SQL functions (12): `lock_sweep_probe`; `lock_reap_batch`, falling back
+//!   on `lock_reap_expired` row by row; `lock_handoff_claim`;
+//!   `lock_handoff_recover`; `lock_drain_takeovers`; `lock_held_count_get`;
+//!   and the helpers they call: `lease_epoch_millis`, `lease_overdue_millis`,
+//!   `lock_held_counted`, `lock_held_count_millis`, `signal_handoff_grace`;
+//! - two transactions a batch: delete up to `BATCH_SIZE` leases in deadline
+//!   order, skipping rows others hold, and record them in a hand-off,
+//!   commit; then claim the hand-off, write the lines, commit. Recovered
+//!   hand-offs and recorded expiries are one transaction each: write, then
+//!   commit.
 //!
 //! Nothing here waits because other sessions exist: the lock server is
 //! protected by how a batch is taken (one short transaction, rows other
