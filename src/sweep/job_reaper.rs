@@ -1,9 +1,11 @@
 //! The job reaper: a pass reports abandoned hand-offs, then returns stale
 //! job leases to the queue (or the dead-letter table) batch by batch while
 //! the gates allow, and sets the stale-lease gauge. Owns logging a change of
-//! the gates' answer once, the `job_lease_expired` lines and the counts sent
-//! with each batch. Not the reaping rules (SQL, behind a `JobQueue`), timing
-//! or error logging (`sweep::run`), nor the CLI (`cmd::jobs`).
+//! the gates' answer once, and what an action's `job_lease_expired` line,
+//! lateness and counts are (`Reaped` for `JobAction`). Not the reaping rules
+//! (SQL, behind a `JobQueue`), writing and sending a batch
+//! (`sweep::report`), timing or error logging (`sweep::run`), nor the CLI
+//! (`cmd::jobs`).
 
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -91,11 +93,12 @@ impl<Q: JobQueue> JobReaper<Q> {
 
     /// One pass: if the gates allow, reap batch by batch until a short batch
     /// (or until `cancel` fires, checked between batches); then report the
-    /// stale-lease gauge. An error leaves the batch in flight recorded (its
-    /// jobs are reaped, and their lines written, by a later pass). A batch a
-    /// reaper handed off but did not report (it died, or its output failed)
-    /// is reported first, whatever the gates say now: its jobs were reaped
-    /// while they allowed it.
+    /// stale-lease gauge. An error ends the pass: a batch in flight is rolled
+    /// back (its jobs, still stale, are reaped by a later pass) or, once
+    /// handed off, stays recorded (its lines are written by a later pass). A
+    /// batch a reaper handed off but did not report (it died, or its output
+    /// failed) is reported first, whatever the gates say now: its jobs were
+    /// reaped while they allowed it.
     pub async fn reap_once(
         &mut self,
         cancel: &CancellationToken,

@@ -81,9 +81,11 @@ pub trait Service: Send {
     ) -> impl Future<Output = Result<Self::Outcome, StoreError>> + Send;
 }
 
-/// Runs `service` every `S::DELAY` (`SWEEP_DELAY` by default) until `shutdown` fires, then lets the
-/// pass in flight finish (or, after `DRAIN_GRACE`, abandons it) and flushes
-/// `metrics`. `beat` is told after every pass, failed or not.
+/// Runs `service` pass after pass, `S::DELAY` (`SWEEP_DELAY` by default)
+/// between the end of one and the start of the next, until `shutdown`
+/// fires; then lets the pass in flight finish (or, after `DRAIN_GRACE`,
+/// abandons it) and flushes `metrics`. `beat` is told after every pass,
+/// failed or not.
 pub async fn run<S: Service>(
     mut service: S,
     metrics: Metrics,
