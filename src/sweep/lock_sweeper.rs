@@ -73,8 +73,8 @@ pub const BATCH_SIZE: usize = 1_000;
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepOutcome {
     /// Leases this sweep reported as swept (`reapedBy` sweep, expiry or
-    /// revoke): its own deletions, and those of a hand-off it recovered
-    /// from a sweeper that did not report them.
+    /// revoke): its own batches', a hand-off's it recovered from a sweeper
+    /// that did not report them, and with etcd the deletions it saw.
     pub swept: u64,
     /// Leases this sweep reported from the record of a takeover, a late
     /// release or a late renewal.
