@@ -94,10 +94,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lease_epoch_millis.sql"),
     ),
     (
-        "lease_floor_div_1000",
-        include_str!("../../sql/functions/lease_floor_div_1000.sql"),
-    ),
-    (
         "lease_overdue_millis",
         include_str!("../../sql/functions/lease_overdue_millis.sql"),
     ),
@@ -128,10 +124,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
     (
         "lock_held_count_get",
         include_str!("../../sql/functions/lock_held_count_get.sql"),
-    ),
-    (
-        "lock_held_count_millis",
-        include_str!("../../sql/functions/lock_held_count_millis.sql"),
     ),
     (
         "lock_held_counted",
