@@ -134,8 +134,8 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lock_reap_batch.sql"),
     ),
     (
-        "lock_reap_expired",
-        include_str!("../../sql/functions/lock_reap_expired.sql"),
+        "lock_reap_leases",
+        include_str!("../../sql/functions/lock_reap_leases.sql"),
     ),
     (
         "lock_sweep_probe",
