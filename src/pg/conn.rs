@@ -66,8 +66,8 @@ pub fn limit_param(limit: usize) -> i32 {
 /// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
 /// spliced at compile time by `concat!` from named constants, no binds), and
 /// returns its one row. One round trip instead of `in_tx`'s four (BEGIN with
-/// its guards, Parse/Describe, Bind/Execute, COMMIT), which were most of an
-/// idle daemon's database CPU (docs/performance.md, section 6).
+/// its guards, Parse/Describe, Bind/Execute, COMMIT): an idle pass costs
+/// the server one statement per question (docs/performance.md, section 6).
 ///
 /// Why this is as safe as `in_tx`:
 /// - PgBouncer (transaction mode): the message is its own implicit
@@ -84,8 +84,9 @@ pub fn limit_param(limit: usize) -> i32 {
 ///   the statement when the server next writes to it) and the pass fails with
 ///   an error naming the probe, so the loop moves on and the watchdog is fed.
 ///   The guard is not sent in the same message (`SET LOCAL
-///   statement_timeout = …; SELECT …` would work, one implicit transaction)
-///   because it was measured to double the probe's server CPU (section 6).
+///   statement_timeout = …; SELECT …` would work, one implicit transaction):
+///   an idle probe is one statement for the server, not two (what a second
+///   one costs is in docs/performance.md, section 6).
 ///
 /// Anything but exactly one row is an error, as `fetch_one`'s would be, not a
 /// silent first row.
@@ -135,8 +136,12 @@ pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothin
 /// Not a pool, on purpose: a service does one thing at a time, and a pool
 /// hides a refused connection behind `PoolTimedOut` after 30 s.
 pub struct Db {
+    /// Where to connect: every host of the walk, and the session it needs.
     target: DbTarget,
+    /// Whose work the connection does, so a failure names it.
     work: Work,
+    /// The open connection; `None` until the first call and after any
+    /// failure, so the next call walks the hosts again.
     conn: Option<PgConnection>,
     /// The host of the last connection (index into the target's hosts), so a
     /// failover to another host is logged once.

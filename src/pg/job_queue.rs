@@ -193,9 +193,9 @@ pub async fn set_kind_lease(
 /// round trip (`conn::probe_row`): the gates' refusal (NULL when they
 /// allow reaping) and, only when they refuse, the stale-lease count behind
 /// the gauge, so a gated pass (the idle fleet's usual case) is this one
-/// statement. Both are PL/pgSQL functions whose plans the session caches
-/// (migration 20261130000400: the SQL-language gate rule and the dry run's
-/// JSON were two thirds of an idle daemon's database CPU). The `CASE` skips
+/// statement. Both are PL/pgSQL functions, so the session caches their
+/// plans and an idle pass plans nothing (what planning would cost is in
+/// docs/performance.md, section 6). The `CASE` skips
 /// the count when the pass is about to reap (it reads the gauge after
 /// applying).
 ///
