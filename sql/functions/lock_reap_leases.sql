@@ -6,10 +6,14 @@
 -- that took nothing.
 CREATE OR REPLACE FUNCTION lock_reap_leases(p_limit integer, p_after_millis bigint DEFAULT NULL::bigint)
  RETURNS TABLE(handoff_id bigint, lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint, set_aside_error text, fallback_cause text)
- LANGUAGE sql
+ LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
 AS $function$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL, so the session plans this once, as it does the batch.
+    RETURN QUERY
     WITH b AS MATERIALIZED (
         SELECT * FROM lock_reap_batch(p_limit, p_after_millis)
     )
@@ -30,7 +34,8 @@ AS $function$
                     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, 3, 1
                      WHERE b.fallback_cause IS NOT NULL AND b.lock_keys IS NULL AND b.set_aside_keys IS NULL)
                AS r (handoff_id, lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error, part, i)
-     ORDER BY r.part, r.i
+     ORDER BY r.part, r.i;
+END
 $function$;
 
 COMMENT ON FUNCTION lock_reap_leases(integer, bigint) IS
