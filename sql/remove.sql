@@ -1,10 +1,12 @@
 -- `lease-sweeper remove`: takes the sidecar out of the database again.
 --
 -- One transaction, run with a short lock_timeout and tried again by the
--- command (dropping the triggers takes lock_entry's SHARE ROW EXCLUSIVE lock
--- for the rest of this transaction, a few milliseconds). The triggers go
--- first, so no expiry can be recorded after the check below; if the check
--- refuses, everything rolls back and the triggers stay.
+-- command: dropping the triggers takes lock_entry's SHARE ROW EXCLUSIVE lock,
+-- and dropping the expiry index, where `migrate` built it, its ACCESS
+-- EXCLUSIVE lock, which also stops the lock server's reads of lock_entry;
+-- both are held for the rest of this transaction, a few milliseconds. The
+-- triggers go first, so no expiry can be recorded after the check below; if
+-- the check refuses, everything rolls back and the triggers stay.
 --
 -- What goes: what `migrate` added (sql/lock_entry_hooks.sql's triggers,
 -- every function of sql/functions/, the tables and type of migrations/, the

@@ -89,9 +89,18 @@ pub trait LockStore: Send {
         report: Report<'_, ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Reports every abandoned hand-off (`reapedBy=sweep`), then up to
-    /// `limit` recorded takeovers and late releases; how many leases it
-    /// reported from the record (the limit applies to those).
+    /// Why the last `reap_batch` took its batch row by row (its one
+    /// set-based statement failed: the database's message and SQLSTATE), or
+    /// `None`; taken, so each batch that fell back is told once. Only
+    /// PostgreSQL has such a pass.
+    fn take_fallback(&mut self) -> Option<String> {
+        None
+    }
+
+    /// Reports abandoned hand-offs (`reapedBy=sweep`), then recorded
+    /// takeovers and late releases, about `limit` leases in all (a hand-off
+    /// is reported whole); how many it reported, so a drain that comes back
+    /// short has emptied the record and one that does not is called again.
     fn drain_recorded(
         &mut self,
         limit: usize,

@@ -42,7 +42,7 @@ pub mod job_queue {
 }
 
 pub mod lock_entry {
-    pub use crate::pg::lock_entry::{
+    pub use crate::pg::lock_store::{
         HELD_COUNT_MAX_AGE, HeldCount, SWEEP_PROBE, SweepProbe, held_count, reap_batch, sweep_probe,
     };
 }

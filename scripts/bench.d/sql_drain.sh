@@ -13,12 +13,13 @@
 # of timing (those batches delete their rows as usual).
 #
 # Shapes:
-#   function  the product's function from the oldest every batch:
-#           SELECT * FROM lock_reap_expired($1) (a SECURITY DEFINER SQL
-#           function around the ctid statement; what the daemon did before
-#           the resumable reap)
+#   function  the product's batch from the oldest every batch:
+#           lock_reap_leases($1) (SECURITY DEFINER, around the ctid
+#           statement, its hand-off claimed in a second transaction; what
+#           the daemon did before the resumable reap)
 #   function_resume  the product as the daemon calls it now:
-#           lock_reap_expired($1, <newest deadline of the previous batch>)
+#           lock_reap_leases($1, <newest deadline of the previous batch>),
+#           then lock_handoff_claim in a second transaction
 #   The walk shapes below call functions only a database migrated by an
 #   earlier build has (the sweep is one batch shape since): run them with
 #   --bin of such a build.
@@ -53,11 +54,17 @@ returning="RETURNING e.lock_key, e.owner_id, e.token,
           floor(extract(epoch FROM e.expires_at) * 1000)::bigint AS expired_at_millis,
           floor(extract(epoch FROM now() - e.expires_at) * 1000)::bigint AS overdue_millis"
 case $shape in
-function) stmt="SELECT * FROM lock_reap_expired(\$1)" ;;
+function)
+    stmt="WITH del AS (SELECT * FROM lock_reap_leases(\$1)),
+    mark AS (SELECT set_config('bench.id', coalesce(max(handoff_id), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark"
+    claim=1 ;;
 function_resume)
-    stmt="WITH del AS (SELECT * FROM lock_reap_expired(\$1, current_setting('bench.after')::bigint)),
-    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false) FROM del)
-    SELECT del.* FROM del, mark" ;;
+    stmt="WITH del AS (SELECT * FROM lock_reap_leases(\$1, current_setting('bench.after')::bigint)),
+    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false),
+                    set_config('bench.id', coalesce(max(handoff_id), 0)::text, false) FROM del)
+    SELECT del.* FROM del, mark"
+    claim=1 ;;
 walk)
     stmt="WITH del AS (SELECT * FROM lock_reap_expired_walk(\$1, current_setting('bench.page')::bigint)),
     mark AS (SELECT set_config('bench.page', coalesce(max(next_page), -1)::text, false) FROM del)

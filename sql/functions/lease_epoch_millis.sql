@@ -1,3 +1,7 @@
+-- The one rule from a timestamp to epoch milliseconds: floored, and an
+-- infinite timestamp saturates at the int8 bound on its side, so a line
+-- never carries a made-up finite time. lease_overdue_millis applies it to
+-- a lateness; lock_reap_batch's resume bound is its inverse.
 CREATE OR REPLACE FUNCTION lease_epoch_millis(p_at timestamp with time zone)
  RETURNS bigint
  LANGUAGE sql

@@ -1,5 +1,11 @@
+-- Dropped first: it returned a third column (counted_at_millis) up to the
+-- first release, which no daemon read, and CREATE OR REPLACE cannot change
+-- a function's result columns. This file runs only in `migrate`'s one
+-- transaction, and grants again below, so callers never see it missing.
+DROP FUNCTION IF EXISTS lock_held_count_get(bigint);
+
 CREATE OR REPLACE FUNCTION lock_held_count_get(p_max_age_millis bigint)
- RETURNS TABLE(held bigint, counted_at_millis bigint, recounted boolean)
+ RETURNS TABLE(held bigint, recounted boolean)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -20,7 +26,7 @@ BEGIN
       INTO v_held, v_at
       FROM lock_held_count AS c WHERE c.singleton;
     IF v_at IS NOT NULL AND v_at > v_fresh_after THEN
-        RETURN QUERY SELECT v_held, lock_held_count_millis(v_at), false;
+        RETURN QUERY SELECT v_held, false;
         RETURN;
     END IF;
     PERFORM 1 FROM lock_held_count AS c
@@ -29,11 +35,10 @@ BEGIN
     IF NOT FOUND THEN
         -- Another daemon is recounting (or just did): its count, or the
         -- previous one, without waiting; sweeps since subtracted either way.
-        SELECT c.held - COALESCE((SELECT pg_catalog.sum(d.n) FROM lock_held_delta AS d), 0::pg_catalog.int8),
-               c.counted_at
-          INTO v_held, v_at
+        SELECT c.held - COALESCE((SELECT pg_catalog.sum(d.n) FROM lock_held_delta AS d), 0::pg_catalog.int8)
+          INTO v_held
           FROM lock_held_count AS c WHERE c.singleton;
-        RETURN QUERY SELECT v_held, lock_held_count_millis(v_at), false;
+        RETURN QUERY SELECT v_held, false;
         RETURN;
     END IF;
     -- One statement, one snapshot: the rows deleted from lock_held_delta are
@@ -49,8 +54,8 @@ BEGIN
                                  FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) AS x),
            recounts = c.recounts + 1
      WHERE c.singleton
-    RETURNING c.held, c.counted_at INTO v_held, v_at;
-    RETURN QUERY SELECT v_held, lock_held_count_millis(v_at), true;
+    RETURNING c.held INTO v_held;
+    RETURN QUERY SELECT v_held, true;
 END
 $function$;
 

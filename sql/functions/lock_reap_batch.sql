@@ -1,24 +1,45 @@
--- One batch of the sweep, the only shape there is: up to p_limit expired
--- leases in deadline order from p_after_millis (the newest deadline the
--- sweep's previous batch reaped; NULL: from the oldest), rows other sessions
--- hold skipped, deleted, and handed off in one lock_reap_handoff row in the
--- same transaction, so the caller commits before it writes a line and no
--- lock-server call waits on the daemon's output. Returns the hand-off's id
--- (NULL when nothing was reaped) and the batch as parallel arrays; leases
--- that could not be deleted come back in the set_aside_* arrays, left in
--- place (lock_reap_expired explains both paths).
-CREATE OR REPLACE FUNCTION lock_reap_batch(p_limit integer, p_after_millis bigint DEFAULT NULL)
- RETURNS TABLE(handoff_id bigint, lock_keys text[], owner_ids text[], tokens text[], expired_at_millis bigint[], overdue_millis bigint[], set_aside_keys text[], set_aside_owner_ids text[], set_aside_tokens text[], set_aside_errors text[])
+-- Dropped first: up to the first release it returned no fallback_cause,
+-- and CREATE OR REPLACE cannot change a function's result columns. This
+-- file runs only in `migrate`'s one transaction, and grants again below, so
+-- callers never see it missing.
+DROP FUNCTION IF EXISTS lock_reap_batch(integer, bigint);
+
+-- One batch of the sweep: up to p_limit expired leases in deadline order
+-- from p_after_millis (the newest deadline the sweep's previous batch
+-- reaped; NULL: from the oldest), rows other sessions hold skipped,
+-- deleted, counted out of the shared held count, and recorded in one
+-- lock_reap_handoff row, all in the caller's transaction, which commits
+-- before a line is written, so no lock-server call waits on the daemon's
+-- output. Returns the hand-off's id (NULL when nothing was reaped) and its
+-- leases as the hand-off keeps them, in parallel arrays; leases whose
+-- delete failed come back in the set_aside_* arrays, left in place. The
+-- daemon reads it one row per lease through lock_reap_leases; the first
+-- release's daemon reads the arrays.
+--
+-- fallback_cause says why the one set-based statement failed, when it did
+-- and the batch was taken row by row instead. That pass is kept because
+-- one row whose delete fails (an operator's or the lock server's trigger
+-- refusing it) would otherwise fail every batch that holds it, and no
+-- expiry behind it would ever be reported.
+CREATE OR REPLACE FUNCTION lock_reap_batch(p_limit integer, p_after_millis bigint DEFAULT NULL::bigint)
+ RETURNS TABLE(handoff_id bigint, lock_keys text[], owner_ids text[], tokens text[], expired_at_millis bigint[], overdue_millis bigint[], set_aside_keys text[], set_aside_owner_ids text[], set_aside_tokens text[], set_aside_errors text[], fallback_cause text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_variable
 DECLARE
-    v_from timestamptz;
-    v_id bigint;
+    v_from    timestamptz;
+    v_id      bigint;
+    v_cause   text;
     v_k text[]; v_o text[]; v_t text[]; v_e bigint[]; v_d bigint[];
     s_k text[]; s_o text[]; s_t text[]; s_x text[];
+    v_rows    lock_reaped_lease[] := '{}';
+    v_one     lock_reaped_lease;
+    v_counted boolean;
+    v_n       integer := 0;
+    v_count   lock_held_count;
+    r         record;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
         RAISE EXCEPTION 'lock_reap_batch: limit must be from 1 to 100000, got %', COALESCE(p_limit::pg_catalog.text, 'NULL')
@@ -34,16 +55,19 @@ BEGIN
         ELSE '1970-01-01 00:00:00+00'::pg_catalog.timestamptz
              + p_after_millis::pg_catalog.float8 * '1 millisecond'::pg_catalog.interval
     END;
-    -- The sweep's own deletions are not late releases (sql/lock_entry_hooks.sql).
+    -- The sweep's own deletions are not late releases: the trigger
+    -- lock_entry_late_release skips rows deleted while this says `on`
+    -- (sql/lock_entry_hooks.sql). Local to the transaction, and set back
+    -- before returning, so nothing else the transaction deletes is hidden.
     PERFORM pg_catalog.set_config('lease_sweeper.reaping', 'on', true);
 
     -- The batch in one statement: rows in deadline order, those another
     -- session holds skipped, deleted by tuple id (`= ANY(ARRAY(...))`, not
     -- `IN`, which plans a hash join over the whole table), counted into the
-    -- shared held count's delta, built into arrays in one pass (every
-    -- aggregate of one pass sees the rows in the same order) and handed
-    -- off. A failure anywhere rolls the whole statement back before it
-    -- returns a row, and the batch is taken again row by row below.
+    -- shared held count's delta, built into the hand-off's arrays in one
+    -- pass (every aggregate of one pass sees the rows in the same order) and
+    -- handed off. A failure anywhere rolls the whole statement back, and
+    -- the batch is taken again row by row below.
     BEGIN
         WITH doomed AS (
             SELECT l.ctid
@@ -81,37 +105,76 @@ BEGIN
           INTO v_id, v_k, v_o, v_t, v_e, v_d
           FROM batch AS b;
         PERFORM pg_catalog.set_config('lease_sweeper.reaping', '', true);
-        RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, NULL::text[], NULL::text[], NULL::text[], NULL::text[];
+        RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, NULL::text[], NULL::text[], NULL::text[], NULL::text[], NULL::text;
         RETURN;
     EXCEPTION WHEN OTHERS THEN
-        NULL;
+        -- A row could not be deleted (an operator's trigger refused, say):
+        -- without the pass below, that one row would stop every expiry.
+        v_cause := pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE);
     END;
 
-    -- A row could not be deleted (an operator's trigger refused, say):
-    -- lock_reap_expired takes the same batch row by row and sets the
-    -- failing ones aside, so the others are reaped.
-    SELECT pg_catalog.array_agg(r.lock_key) FILTER (WHERE r.set_aside_error IS NULL),
-           pg_catalog.array_agg(r.owner_id) FILTER (WHERE r.set_aside_error IS NULL),
-           pg_catalog.array_agg(r.token) FILTER (WHERE r.set_aside_error IS NULL),
-           pg_catalog.array_agg(r.expired_at_millis) FILTER (WHERE r.set_aside_error IS NULL),
-           pg_catalog.array_agg(r.overdue_millis) FILTER (WHERE r.set_aside_error IS NULL),
-           pg_catalog.array_agg(r.lock_key) FILTER (WHERE r.set_aside_error IS NOT NULL),
-           pg_catalog.array_agg(r.owner_id) FILTER (WHERE r.set_aside_error IS NOT NULL),
-           pg_catalog.array_agg(r.token) FILTER (WHERE r.set_aside_error IS NOT NULL),
-           pg_catalog.array_agg(r.set_aside_error) FILTER (WHERE r.set_aside_error IS NOT NULL)
+    -- The same batch row by row, each delete in its own subtransaction, so
+    -- one that fails is set aside and the rest are reaped and handed off.
+    SELECT * INTO v_count FROM lock_held_count AS c WHERE c.singleton;
+    FOR r IN
+        SELECT l.lock_key, l.owner_id, l.token::pg_catalog.text AS token
+          FROM lock_entry AS l
+         WHERE l.expires_at <= pg_catalog.now()
+           AND l.expires_at >= v_from
+         ORDER BY l.expires_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            DELETE FROM lock_entry AS e
+             WHERE e.lock_key = r.lock_key
+               AND e.expires_at <= pg_catalog.now()
+            RETURNING e.lock_key, e.owner_id, e.token::pg_catalog.text,
+                      lease_epoch_millis(e.expires_at),
+                      lease_overdue_millis(e.expires_at, pg_catalog.now()),
+                      NULL::pg_catalog.text, 'sweep',
+                      lock_held_counted(e.xmin, v_count.counted_at, v_count.counted_xmin,
+                                        v_count.counted_xmax, v_count.counted_xip)
+                 INTO v_one.lock_key, v_one.owner_id, v_one.token, v_one.expired_at_millis,
+                      v_one.overdue_millis, v_one.set_aside_error, v_one.reaped_by, v_counted;
+            IF FOUND THEN
+                v_rows := pg_catalog.array_append(v_rows, v_one);
+                IF v_counted THEN
+                    v_n := v_n + 1;
+                END IF;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            v_rows := pg_catalog.array_append(v_rows,
+                ROW(r.lock_key, r.owner_id, r.token, NULL, NULL,
+                    pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE), 'sweep')::lock_reaped_lease);
+        END;
+    END LOOP;
+    IF v_n > 0 THEN
+        INSERT INTO lock_held_delta (n) VALUES (v_n);
+    END IF;
+    SELECT pg_catalog.array_agg(u.lock_key) FILTER (WHERE u.set_aside_error IS NULL),
+           pg_catalog.array_agg(u.owner_id) FILTER (WHERE u.set_aside_error IS NULL),
+           pg_catalog.array_agg(u.token) FILTER (WHERE u.set_aside_error IS NULL),
+           pg_catalog.array_agg(u.expired_at_millis) FILTER (WHERE u.set_aside_error IS NULL),
+           pg_catalog.array_agg(u.overdue_millis) FILTER (WHERE u.set_aside_error IS NULL),
+           pg_catalog.array_agg(u.lock_key) FILTER (WHERE u.set_aside_error IS NOT NULL),
+           pg_catalog.array_agg(u.owner_id) FILTER (WHERE u.set_aside_error IS NOT NULL),
+           pg_catalog.array_agg(u.token) FILTER (WHERE u.set_aside_error IS NOT NULL),
+           pg_catalog.array_agg(u.set_aside_error) FILTER (WHERE u.set_aside_error IS NOT NULL)
       INTO v_k, v_o, v_t, v_e, v_d, s_k, s_o, s_t, s_x
-      FROM lock_reap_expired(p_limit, p_after_millis) AS r;
+      FROM pg_catalog.unnest(v_rows) AS u;
     IF v_k IS NOT NULL THEN
         INSERT INTO lock_reap_handoff AS h (lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis)
         VALUES (v_k, v_o, v_t, v_e, v_d)
         RETURNING h.handoff_id INTO v_id;
     END IF;
-    RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, s_k, s_o, s_t, s_x;
+    PERFORM pg_catalog.set_config('lease_sweeper.reaping', '', true);
+    RETURN QUERY SELECT v_id, v_k, v_o, v_t, v_e, v_d, s_k, s_o, s_t, s_x, v_cause;
 END
 $function$;
 
 COMMENT ON FUNCTION lock_reap_batch(integer, bigint) IS
-'One sweep batch: deletes up to p_limit (1-100000, else 22023) expired leases in deadline order from p_after_millis (epoch ms; NULL: the oldest), skipping rows other sessions hold, records them in one lock_reap_handoff row and returns its id and the leases as arrays (tokens as their text) (set_aside_*: leases whose delete failed, left in place). The caller commits, writes the lines, then claims the hand-off (lock_handoff_claim). SECURITY DEFINER; EXECUTE: lease_sweeper only.';
+'One sweep batch: deletes up to p_limit (1-100000, else 22023) expired leases in deadline order from p_after_millis (epoch ms; NULL: the oldest), skipping rows other sessions hold, records them in one lock_reap_handoff row and returns its id and the leases as arrays (tokens as their text) (set_aside_*: leases whose delete failed, left in place; fallback_cause: why the set-based statement failed, when the batch was taken row by row). The caller commits, then claims the hand-off (lock_handoff_claim), writes the lines and commits. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 REVOKE ALL ON FUNCTION lock_reap_batch(integer, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_reap_batch(integer, bigint) TO lease_sweeper;

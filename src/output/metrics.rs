@@ -28,6 +28,9 @@ use crate::output::statsd::{FINISH_BOUND, Statsd};
 pub const LEASE_EXPIRED: &str = "lock.lease.expired";
 /// Revisions etcd compacted before the sidecar read them. Tags: `backend`.
 pub const EVENTS_MISSED: &str = "lock.events.missed";
+/// Lock batches taken row by row because their one set-based statement
+/// failed. Tags: `backend`.
+pub const BATCH_FALLBACK: &str = "lock.batch.fallback";
 /// Leases held after a sweep. Tags: `backend`.
 pub const HELD_CURRENT: &str = "lock.held.current";
 /// Stale job leases acted on by the reaper. Tags: `backend`, `action`.
@@ -182,6 +185,20 @@ impl Metrics {
         }
         if let Some(p) = &self.prometheus {
             p.events_missed(backend, n);
+        }
+    }
+
+    /// Adds `n` to `lock.batch.fallback`; nothing is sent for zero.
+    pub fn batch_fallback(&self, backend: &'static str, n: u64) {
+        if n > 0 {
+            self.statsd
+                .client
+                .count_with_tags(BATCH_FALLBACK, n)
+                .with_tag("backend", backend)
+                .send();
+        }
+        if let Some(p) = &self.prometheus {
+            p.batch_fallback(backend, n);
         }
     }
 

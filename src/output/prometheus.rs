@@ -23,6 +23,9 @@ pub const LEASE_EXPIRED: &str = "lock_lease_expired_total";
 /// Revisions etcd compacted before the sidecar read them: expiries among
 /// them go unreported. Labels: `backend`.
 pub const EVENTS_MISSED: &str = "lock_events_missed_total";
+/// Lock batches taken row by row because their one set-based statement
+/// failed. Labels: `backend`.
+pub const BATCH_FALLBACK: &str = "lock_batch_fallback_total";
 /// Leases held after the last sweep. Labels: `backend`.
 pub const HELD_CURRENT: &str = "lock_held_current";
 /// Stale job leases acted on; one per `job_lease_expired` line. Labels:
@@ -104,6 +107,11 @@ impl Exposition {
                 EVENTS_MISSED,
                 None,
                 "Revisions etcd compacted before the sidecar read them (each a change to one or more keys; expiries among them go unreported); each run also logged as etcd_events_missed.",
+            ),
+            (
+                BATCH_FALLBACK,
+                None,
+                "Lock batches taken row by row because their one set-based statement failed; the first of each cause also logged as lock_batch_fallback.",
             ),
             (
                 HELD_CURRENT,
@@ -274,6 +282,13 @@ impl Exposition {
     /// `lock_events_missed_total`.
     pub fn events_missed(&self, backend: &'static str, n: u64) {
         self.counter(EVENTS_MISSED, &[("backend", backend)])
+            .increment(n);
+    }
+
+    /// Adds `n` (zero included, which registers it) to
+    /// `lock_batch_fallback_total`.
+    pub fn batch_fallback(&self, backend: &'static str, n: u64) {
+        self.counter(BATCH_FALLBACK, &[("backend", backend)])
             .increment(n);
     }
 

@@ -2,7 +2,8 @@
 //! and the horizon check take turns on), their transactions, and how
 //! database failures are told. Owns connecting (the host walk of `pgconn`), the guards every
 //! transaction sets (`BEGIN_GUARDED`), the order of a batch's report (in
-//! chunks, other work between them) and commit, dropping a connection after
+//! chunks, other work between them) and commit (`report_then_commit`, the
+//! one place it is kept), dropping a connection after
 //! any error so the next call walks the hosts again, and naming a failure's
 //! real cause. No SQL besides the guards.
 
@@ -65,8 +66,8 @@ pub fn limit_param(limit: usize) -> i32 {
 /// query protocol (`sqlx::raw_sql`: one Query message, literal arguments
 /// spliced at compile time by `concat!` from named constants, no binds), and
 /// returns its one row. One round trip instead of `in_tx`'s four (BEGIN with
-/// its guards, Parse/Describe, Bind/Execute, COMMIT), which were most of an
-/// idle daemon's database CPU (docs/performance.md, section 6).
+/// its guards, Parse/Describe, Bind/Execute, COMMIT): an idle pass costs
+/// the server one statement per question (docs/performance.md, section 6).
 ///
 /// Why this is as safe as `in_tx`:
 /// - PgBouncer (transaction mode): the message is its own implicit
@@ -83,8 +84,9 @@ pub fn limit_param(limit: usize) -> i32 {
 ///   the statement when the server next writes to it) and the pass fails with
 ///   an error naming the probe, so the loop moves on and the watchdog is fed.
 ///   The guard is not sent in the same message (`SET LOCAL
-///   statement_timeout = …; SELECT …` would work, one implicit transaction)
-///   because it was measured to double the probe's server CPU (section 6).
+///   statement_timeout = …; SELECT …` would work, one implicit transaction):
+///   an idle probe is one statement for the server, not two (what a second
+///   one costs is in docs/performance.md, section 6).
 ///
 /// Anything but exactly one row is an error, as `fetch_one`'s would be, not a
 /// silent first row.
@@ -134,8 +136,12 @@ pub const HOT_STANDBY: &str = "the server is a hot standby (in recovery): nothin
 /// Not a pool, on purpose: a service does one thing at a time, and a pool
 /// hides a refused connection behind `PoolTimedOut` after 30 s.
 pub struct Db {
+    /// Where to connect: every host of the walk, and the session it needs.
     target: DbTarget,
+    /// Whose work the connection does, so a failure names it.
     work: Work,
+    /// The open connection; `None` until the first call and after any
+    /// failure, so the next call walks the hosts again.
     conn: Option<PgConnection>,
     /// The host of the last connection (index into the target's hosts), so a
     /// failover to another host is logged once.
@@ -404,9 +410,17 @@ pub async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>,
         .map_err(|e| BatchFailure::Query("BEGIN", e))
 }
 
-/// Reports a batch's rows (their lines written and flushed) and only then
-/// commits: the order that makes "at least once, never lost". A failed report
-/// drops the transaction, which rolls the batch back.
+/// The second half of every batch, the one place its order is kept: `tx`
+/// has already retired the batch's last durable record (a hand-off claimed
+/// or recovered, outbox rows or a job hand-off deleted; the record was
+/// committed before, by the batch's first transaction or by the lock
+/// server's own statement), and holds that deletion's row locks, so no other
+/// sweeper can take the record meanwhile. The rows' lines are written and
+/// flushed, and only then is the deletion committed: a crash or a failed
+/// write before the commit leaves the record for a later pass (a line may be
+/// written twice, never lost), and the `committed` call that lets the
+/// reporter count them follows the commit. A failed report drops the
+/// transaction, which rolls the deletion back.
 pub async fn report_then_commit<T>(
     tx: Transaction<'_, Postgres>,
     rows: &[T],
@@ -434,36 +448,13 @@ async fn report_in_chunks<T>(rows: &[T], report: Report<'_, T>) -> std::io::Resu
     Ok(())
 }
 
-/// Commits a batch's transaction: after its lines were written, or, for a
-/// batch the reaping call handed off, at once, so the reaped rows' locks end
-/// before their lines are written.
+/// Commits a batch's transaction: after its lines were written
+/// (`report_then_commit`), or, for a batch the reaping call handed off, at
+/// once, so the reaped rows' locks end before their lines are written.
 pub async fn commit(tx: Transaction<'_, Postgres>) -> Result<(), BatchFailure> {
     tx.commit()
         .await
         .map_err(|e| BatchFailure::Query("COMMIT", e))
-}
-
-/// The second transaction of a handed-off batch: `claim` deletes the
-/// hand-off row (`what` names the statement), then the rows are reported and
-/// the deletion committed, so the hand-off is gone only once its lines are
-/// written. Returns false, writing nothing, when the hand-off was gone:
-/// another sweeper recovered it and wrote its lines.
-pub async fn claim_then_report<T>(
-    conn: &mut PgConnection,
-    what: &'static str,
-    claim: impl AsyncFnOnce(&mut PgConnection) -> Result<bool, sqlx::Error>,
-    rows: &[T],
-    report: Report<'_, T>,
-) -> Result<bool, BatchFailure> {
-    let mut tx = begin(conn).await?;
-    if !claim(&mut tx)
-        .await
-        .map_err(|e| BatchFailure::Query(what, e))?
-    {
-        return Ok(false);
-    }
-    report_then_commit(tx, rows, report).await?;
-    Ok(true)
 }
 
 /// Runs `body` in one transaction opened with `BEGIN_GUARDED` and commits.

@@ -193,9 +193,9 @@ pub async fn set_kind_lease(
 /// round trip (`conn::probe_row`): the gates' refusal (NULL when they
 /// allow reaping) and, only when they refuse, the stale-lease count behind
 /// the gauge, so a gated pass (the idle fleet's usual case) is this one
-/// statement. Both are PL/pgSQL functions whose plans the session caches
-/// (migration 20261130000400: the SQL-language gate rule and the dry run's
-/// JSON were two thirds of an idle daemon's database CPU). The `CASE` skips
+/// statement. Both are PL/pgSQL functions, so the session caches their
+/// plans and an idle pass plans nothing (what planning would cost is in
+/// docs/performance.md, section 6). The `CASE` skips
 /// the count when the pass is about to reap (it reads the gauge after
 /// applying).
 ///
@@ -404,17 +404,18 @@ async fn apply_in_tx(
     // then write the lines.
     conn::commit(tx).await?;
     if let Some(id) = handoff_id {
-        let claim = async |c: &mut PgConnection| handoff_claim(c, id).await;
+        let mut tx = conn::begin(conn).await?;
         // False when another reaper recovered the hand-off first: it wrote
         // (and counted) the lines.
-        conn::claim_then_report(
-            conn,
-            "fn_job_reap_handoff_claim",
-            claim,
-            &report_json.actions,
-            report,
-        )
-        .await?;
+        let claimed: bool = sqlx::query_scalar(HANDOFF_CLAIM)
+            .persistent(false)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| BatchFailure::Query("fn_job_reap_handoff_claim", e))?;
+        if claimed {
+            conn::report_then_commit(tx, &report_json.actions, report).await?;
+        }
     }
     Ok(ApplyBatch::Applied { n })
 }
@@ -438,14 +439,6 @@ async fn recover_in_tx(
     let recovered: ApplyReport = decode(WHAT, &text)?;
     conn::report_then_commit(tx, &recovered.actions, report).await?;
     Ok(recovered.actions.len())
-}
-
-async fn handoff_claim(conn: &mut PgConnection, id: i64) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(HANDOFF_CLAIM)
-        .persistent(false)
-        .bind(id)
-        .fetch_one(conn)
-        .await
 }
 
 /// One ERROR line per job the database set aside (only this layer sees

@@ -94,10 +94,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lease_epoch_millis.sql"),
     ),
     (
-        "lease_floor_div_1000",
-        include_str!("../../sql/functions/lease_floor_div_1000.sql"),
-    ),
-    (
         "lease_overdue_millis",
         include_str!("../../sql/functions/lease_overdue_millis.sql"),
     ),
@@ -130,10 +126,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lock_held_count_get.sql"),
     ),
     (
-        "lock_held_count_millis",
-        include_str!("../../sql/functions/lock_held_count_millis.sql"),
-    ),
-    (
         "lock_held_counted",
         include_str!("../../sql/functions/lock_held_counted.sql"),
     ),
@@ -142,8 +134,8 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lock_reap_batch.sql"),
     ),
     (
-        "lock_reap_expired",
-        include_str!("../../sql/functions/lock_reap_expired.sql"),
+        "lock_reap_leases",
+        include_str!("../../sql/functions/lock_reap_leases.sql"),
     ),
     (
         "lock_sweep_probe",

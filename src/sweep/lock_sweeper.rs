@@ -51,7 +51,7 @@
 //! signal is as early under load as alone.
 
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::output::events::EventLog;
@@ -110,6 +110,9 @@ pub struct LockSweeper<S: LockStore> {
     /// Where each batch's counts and lateness go as it commits, and the
     /// pass's gauge after it.
     metrics: Metrics,
+    /// The cause of the last `lock_batch_fallback` line: a batch that falls
+    /// back for this cause again is counted, not logged again.
+    fallback_logged: Option<String>,
 }
 
 impl<S: LockStore> LockSweeper<S> {
@@ -118,10 +121,27 @@ impl<S: LockStore> LockSweeper<S> {
         // `increase` need a sample before the first expiry.
         metrics.lease_expired(store.backend_id(), 0);
         metrics.events_missed(store.backend_id(), 0);
+        metrics.batch_fallback(store.backend_id(), 0);
         Self {
             store,
             events,
             metrics,
+            fallback_logged: None,
+        }
+    }
+
+    /// Counts a batch the store took row by row, and logs its cause when it
+    /// differs from the last one logged: a cause that persists is one WARN
+    /// line, however many batches it fails, and a new cause is another.
+    fn fell_back(&mut self) {
+        let Some(cause) = self.store.take_fallback() else {
+            return;
+        };
+        let backend = self.store.backend_id();
+        self.metrics.batch_fallback(backend, 1);
+        if self.fallback_logged.as_deref() != Some(cause.as_str()) {
+            warn!(backend, cause = %cause, "lock_batch_fallback");
+            self.fallback_logged = Some(cause);
         }
     }
 
@@ -167,10 +187,13 @@ impl<S: LockStore> LockSweeper<S> {
         while drain.go_on(cancel) {
             let mut report = LineReporter::new(&mut self.events, &self.metrics, backend, outcome);
             let n = match stage {
-                Stage::Expired => self.store.reap_batch(BATCH_SIZE, &mut report).await?,
-                Stage::Recorded => self.store.drain_recorded(BATCH_SIZE, &mut report).await?,
+                Stage::Expired => self.store.reap_batch(BATCH_SIZE, &mut report).await,
+                Stage::Recorded => self.store.drain_recorded(BATCH_SIZE, &mut report).await,
             };
-            drain.took(n);
+            // Before the `?`: a batch that fell back and then failed to
+            // write its lines still fell back.
+            self.fell_back();
+            drain.took(n?);
         }
         outcome.batches += drain.batches;
         outcome.interrupted = drain.interrupted;

@@ -3,11 +3,13 @@
 //! (`concurrent`) and when the lock server records the expiry itself
 //! (`recorded`); the hand-off that keeps lines off the lock server's path,
 //! the shared held-lease count, a lock server's own schema and statements,
-//! and the rows the schema refuses or sets aside. Job leases are `jobs`'s;
-//! faults from outside are `faults`'s.
+//! the rows the schema refuses or sets aside, and the batch that falls back
+//! to taking them row by row (`fallback`). Job leases are `jobs`'s; faults
+//! from outside are `faults`'s.
 
 mod bad_rows;
 mod concurrent;
+mod fallback;
 mod handoff;
 mod held_count;
 mod recorded;
