@@ -32,9 +32,6 @@ where
     }
 }
 
-/// How a store is handed its `Reporter`.
-pub type Report<'a, T> = &'a mut dyn Reporter<T>;
-
 /// A sweep's first answer (`LockStore::probe`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Probe {
@@ -86,7 +83,7 @@ pub trait LockStore: Send {
     fn reap_batch(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Why the last `reap_batch` took its batch row by row (its one
@@ -104,7 +101,7 @@ pub trait LockStore: Send {
     fn drain_recorded(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Leases currently held (the `lock.held.current` gauge), this sweep's
@@ -139,7 +136,7 @@ pub trait JobQueue: Send {
     /// of actions, 0 when none waits.
     fn recover(
         &mut self,
-        report: Report<'_, JobAction>,
+        report: &mut dyn Reporter<JobAction>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Reaps at most `limit` stale jobs as `actor` (recorded on every dead
@@ -148,7 +145,7 @@ pub trait JobQueue: Send {
         &mut self,
         actor: &str,
         limit: usize,
-        report: Report<'_, JobAction>,
+        report: &mut dyn Reporter<JobAction>,
     ) -> impl Future<Output = Result<ApplyBatch, StoreError>> + Send;
 
     /// Stale job leases right now.

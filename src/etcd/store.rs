@@ -34,7 +34,7 @@ use crate::etcd::locks::Verdict;
 use crate::etcd::watch::{self, Feed, Found, SharedFeed};
 use crate::etcd::{OWN_PREFIX, call, connect, failed, scopes};
 use crate::model::{ExpiredLease, ReapedBy};
-use crate::store::{LockStore, Probe, Report, StoreError, Work};
+use crate::store::{LockStore, Probe, Reporter, StoreError, Work};
 
 /// How long a claim stays in etcd: far longer than any sidecar may be away
 /// and still come back to a deletion it claimed (its resume point must not
@@ -196,7 +196,7 @@ impl LockStore for EtcdLockStore {
     async fn reap_batch(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
         let named = self.named();
         self.reap_batch_at(limit, report).await.map_err(named)
@@ -205,7 +205,7 @@ impl LockStore for EtcdLockStore {
     async fn drain_recorded(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
         let named = self.named();
         self.drain_recorded_at(limit, report).await.map_err(named)
@@ -267,7 +267,7 @@ impl EtcdLockStore {
     async fn reap_batch_at(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
         let me = self.me.clone();
         let up = self.up().await?;
@@ -334,7 +334,7 @@ impl EtcdLockStore {
     async fn drain_recorded_at(
         &mut self,
         limit: usize,
-        report: Report<'_, ExpiredLease>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
         let me = self.me.clone();
         let up = self.up().await?;

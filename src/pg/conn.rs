@@ -15,7 +15,7 @@ use tracing::info;
 use pgconn::{HostFailure, Role, WalkError};
 
 use crate::config::DbTarget;
-use crate::store::{Report, StoreError, Work};
+use crate::store::{Reporter, StoreError, Work};
 
 // The two guards below are set with `SET LOCAL` at the start of every
 // transaction (`BEGIN_GUARDED`), not as startup options or `SET`: behind
@@ -424,7 +424,7 @@ pub async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>,
 pub async fn report_then_commit<T>(
     tx: Transaction<'_, Postgres>,
     rows: &[T],
-    report: Report<'_, T>,
+    report: &mut dyn Reporter<T>,
 ) -> Result<(), BatchFailure> {
     report_in_chunks(rows, &mut *report)
         .await
@@ -438,7 +438,7 @@ pub async fn report_then_commit<T>(
 /// chunks. The runtime has one thread: without the yields, a statement of
 /// another service (the job reaper's, the horizon check's) waits for all of
 /// a batch's lines before its next round trip.
-async fn report_in_chunks<T>(rows: &[T], report: Report<'_, T>) -> std::io::Result<()> {
+async fn report_in_chunks<T>(rows: &[T], report: &mut dyn Reporter<T>) -> std::io::Result<()> {
     for (i, chunk) in rows.chunks(REPORT_CHUNK).enumerate() {
         if i > 0 {
             tokio::task::yield_now().await;

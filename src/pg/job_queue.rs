@@ -11,7 +11,7 @@ use sqlx::{FromRow, PgConnection, Row as _};
 use crate::config::DbTarget;
 use crate::model::{ApplyReport, JobAction, SetAsideJob};
 use crate::pg::conn::{self, BatchFailure, SharedDb};
-use crate::store::{ApplyBatch, Gates, JobQueue, PassStart, Report, StoreError, Work};
+use crate::store::{ApplyBatch, Gates, JobQueue, PassStart, Reporter, StoreError, Work};
 
 /// The read-only dry run: `$1` = limit (1..10000).
 pub const DRY_RUN: &str = "SELECT fn_job_reap_stale_leases_dry_run($1)::text";
@@ -340,7 +340,7 @@ impl JobQueue for PgJobQueue {
         })
     }
 
-    async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
+    async fn recover(&mut self, report: &mut dyn Reporter<JobAction>) -> Result<usize, StoreError> {
         self.db
             .lock(Work::JobQueue)
             .await
@@ -364,7 +364,7 @@ impl JobQueue for PgJobQueue {
         &mut self,
         actor: &str,
         limit: usize,
-        report: Report<'_, JobAction>,
+        report: &mut dyn Reporter<JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
         self.db
             .lock(Work::JobQueue)
@@ -380,7 +380,7 @@ async fn apply_in_tx(
     conn: &mut PgConnection,
     actor: &str,
     limit: usize,
-    report: Report<'_, JobAction>,
+    report: &mut dyn Reporter<JobAction>,
 ) -> Result<ApplyBatch, BatchFailure> {
     const WHAT: &str = "fn_job_reap_stale_leases_apply_handed_off";
     let mut tx = conn::begin(conn).await?;
@@ -424,7 +424,7 @@ async fn apply_in_tx(
 /// committed.
 async fn recover_in_tx(
     conn: &mut PgConnection,
-    report: Report<'_, JobAction>,
+    report: &mut dyn Reporter<JobAction>,
 ) -> Result<usize, BatchFailure> {
     const WHAT: &str = "fn_job_reap_handoff_recover";
     let mut tx = conn::begin(conn).await?;

@@ -21,9 +21,7 @@ use sqlx::{FromRow, PgConnection};
 use crate::config::DbTarget;
 use crate::model::{ExpiredLease, ReapedBy};
 use crate::pg::conn::{self, BatchFailure, Db};
-use crate::store::{LockStore, Probe, StoreError, Work};
-
-type Report<'a> = crate::store::Report<'a, ExpiredLease>;
+use crate::store::{LockStore, Probe, Reporter, StoreError, Work};
 
 /// `HELD_COUNT_MAX_AGE` in ms as a literal, so the probe's text
 /// (`SWEEP_PROBE`) can carry it without building SQL at run time.
@@ -303,7 +301,7 @@ async fn reap_in_tx(
     conn: &mut PgConnection,
     limit: usize,
     after: Option<i64>,
-    report: Report<'_>,
+    report: &mut dyn Reporter<ExpiredLease>,
     fallback: &mut Option<String>,
 ) -> Result<Taken, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
@@ -336,7 +334,7 @@ async fn retire_in_tx(
     conn: &mut PgConnection,
     what: &'static str,
     query: sqlx::query::QueryAs<'_, sqlx::Postgres, LeaseRow, sqlx::postgres::PgArguments>,
-    report: Report<'_>,
+    report: &mut dyn Reporter<ExpiredLease>,
 ) -> Result<usize, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
     let retired = fetch_leases(&mut tx, query)
@@ -383,7 +381,11 @@ impl LockStore for PgLockStore {
         }
     }
 
-    async fn reap_batch(&mut self, limit: usize, report: Report<'_>) -> Result<usize, StoreError> {
+    async fn reap_batch(
+        &mut self,
+        limit: usize,
+        report: &mut dyn Reporter<ExpiredLease>,
+    ) -> Result<usize, StoreError> {
         let after = self.after;
         let fallback = &mut self.fallback;
         let batch = self
@@ -405,7 +407,7 @@ impl LockStore for PgLockStore {
     async fn drain_recorded(
         &mut self,
         limit: usize,
-        report: Report<'_>,
+        report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
         let mut done = 0;
         while done < limit {

@@ -274,7 +274,7 @@ mod tests {
 
     use super::*;
     use crate::progress::Progress;
-    use crate::store::{Probe, Report, Work};
+    use crate::store::{Probe, Reporter, Work};
     use crate::sweep::report::testing::{discarded_metrics, written};
 
     /// What the stub's next `reap_batch` call does.
@@ -342,7 +342,7 @@ mod tests {
         async fn reap_batch(
             &mut self,
             limit: usize,
-            report: Report<'_, ExpiredLease>,
+            report: &mut dyn Reporter<ExpiredLease>,
         ) -> Result<usize, StoreError> {
             self.called("reap");
             let step = self
@@ -375,7 +375,7 @@ mod tests {
         async fn drain_recorded(
             &mut self,
             limit: usize,
-            report: Report<'_, ExpiredLease>,
+            report: &mut dyn Reporter<ExpiredLease>,
         ) -> Result<usize, StoreError> {
             self.called("drain");
             let n = self.recorded.lock().unwrap().pop_front().unwrap_or(0);

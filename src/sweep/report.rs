@@ -101,12 +101,16 @@ impl<R: Reaped> Reporter<R> for LineReporter<'_, R> {
 pub mod testing {
     use crate::config::StatsdTarget;
     use crate::output::metrics::Metrics;
-    use crate::store::{Report, StoreError, Work};
+    use crate::store::{Reporter, StoreError, Work};
 
     /// A stub store's batch of `rows`, as a real store makes it: their lines
     /// through `report`, a failed write returned as the store returns it,
     /// then the commit.
-    pub fn written<T>(report: Report<'_, T>, rows: &[T], work: Work) -> Result<(), StoreError> {
+    pub fn written<T>(
+        report: &mut dyn Reporter<T>,
+        rows: &[T],
+        work: Work,
+    ) -> Result<(), StoreError> {
         report
             .lines(rows)
             .map_err(|source| StoreError::Report { work, source })?;

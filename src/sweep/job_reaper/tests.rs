@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::model::DeadLetter;
-use crate::store::{PassStart, Report, Work};
+use crate::store::{PassStart, Reporter, Work};
 use crate::sweep::report::testing::{discarded_metrics, written};
 use crate::sweep::test_log;
 
@@ -110,7 +110,7 @@ impl JobQueue for Stub {
         Ok(self.starts.lock().unwrap().pop_front().unwrap_or(ALLOW))
     }
 
-    async fn recover(&mut self, report: Report<'_, JobAction>) -> Result<usize, StoreError> {
+    async fn recover(&mut self, report: &mut dyn Reporter<JobAction>) -> Result<usize, StoreError> {
         self.called("recover");
         let Some((reset, dead)) = self.abandoned.lock().unwrap().pop_front() else {
             return Ok(0);
@@ -123,7 +123,7 @@ impl JobQueue for Stub {
         &mut self,
         actor: &str,
         limit: usize,
-        report: Report<'_, JobAction>,
+        report: &mut dyn Reporter<JobAction>,
     ) -> Result<ApplyBatch, StoreError> {
         self.called("apply");
         assert_eq!((actor, limit), ("tester", JOB_BATCH_SIZE));
