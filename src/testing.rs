@@ -43,7 +43,7 @@ pub mod job_queue {
 
 pub mod lock_entry {
     pub use crate::pg::lock_store::{
-        HELD_COUNT_MAX_AGE, HeldCount, SWEEP_PROBE, SweepProbe, held_count, reap_batch, sweep_probe,
+        HELD_COUNT_MAX_AGE, SWEEP_PROBE, held_count, reap_batch, sweep_probe,
     };
 }
 

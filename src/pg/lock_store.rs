@@ -217,41 +217,28 @@ pub async fn reap_batch(
     fetch_leases(conn, query).await
 }
 
-/// `SWEEP_PROBE`'s answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct SweepProbe {
-    /// Some lease is past its deadline.
-    pub expired: bool,
-    /// Some expiry is recorded and not yet drained (a takeover, a late
-    /// release, an abandoned hand-off).
-    pub takeovers: bool,
-    /// The shared held count; `None` when `expired` (read after the sweep).
-    pub held: Option<i64>,
-}
-
-/// Asks `SWEEP_PROBE`. Its values come as text (simple protocol), which
-/// sqlx decodes for these types.
-pub async fn sweep_probe(conn: &mut PgConnection) -> Result<SweepProbe, sqlx::Error> {
+/// Asks `SWEEP_PROBE`, decoded straight into the seam's answer. Its values
+/// come as text (simple protocol), which sqlx decodes for these types; its
+/// `takeovers` column is `Probe::recorded`, and PostgreSQL misses nothing.
+pub async fn sweep_probe(conn: &mut PgConnection) -> Result<Probe, sqlx::Error> {
     let row = conn::probe_row(conn, SWEEP_PROBE).await?;
-    SweepProbe::from_row(&row)
-}
-
-/// `HELD_COUNT`'s answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromRow)]
-pub struct HeldCount {
-    /// Leases held (counted at most the max age ago, plus one count's
-    /// duration, less what was swept since).
-    pub held: i64,
-    /// This call was the one that recounted.
-    pub recounted: bool,
+    let (expired, recorded, held) = FromRow::from_row(&row)?;
+    Ok(Probe {
+        expired,
+        recorded,
+        held,
+        missed: 0,
+    })
 }
 
 /// The shared held-lease count, recounted when the stored one is older than
-/// `max_age_millis`.
+/// `max_age_millis`: the leases held (counted at most the max age ago, plus
+/// one count's duration, less what was swept since), and whether this call
+/// was the one that recounted.
 pub async fn held_count(
     conn: &mut PgConnection,
     max_age_millis: i64,
-) -> Result<HeldCount, sqlx::Error> {
+) -> Result<(i64, bool), sqlx::Error> {
     sqlx::query_as(HELD_COUNT)
         .persistent(false)
         .bind(max_age_millis)
@@ -370,15 +357,8 @@ impl LockStore for PgLockStore {
     async fn probe(&mut self) -> Result<Probe, StoreError> {
         self.after = None;
         let conn = self.db.conn().await?;
-        match sweep_probe(conn).await {
-            Ok(found) => Ok(Probe {
-                expired: found.expired,
-                recorded: found.takeovers,
-                held: found.held,
-                missed: 0,
-            }),
-            Err(e) => Err(self.db.query_failed("lock_sweep_probe", e)),
-        }
+        let probe = sweep_probe(conn).await;
+        probe.map_err(|e| self.db.query_failed("lock_sweep_probe", e))
     }
 
     async fn reap_batch(
@@ -440,7 +420,7 @@ impl LockStore for PgLockStore {
         let max_age = HELD_COUNT_MAX_AGE.as_millis() as i64;
         let conn = self.db.conn().await?;
         match conn::in_tx(conn, async |c| held_count(c, max_age).await).await {
-            Ok(count) => Ok(count.held),
+            Ok((held, _recounted)) => Ok(held),
             Err(e) => Err(self.db.query_failed("lock_held_count_get", e)),
         }
     }

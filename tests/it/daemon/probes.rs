@@ -11,7 +11,8 @@ use lease_sweeper::testing::conn::{self, PROBE_TIMEOUT};
 use lease_sweeper::testing::job_queue::{
     GATES_THEN_STALE, Gates, JobQueue, PgJobQueue, STALE_COUNT,
 };
-use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE, SweepProbe};
+use lease_sweeper::testing::lock_entry::{self as locks, SWEEP_PROBE};
+use lease_sweeper::testing::store::Probe;
 
 use crate::jobs::support::dry_run;
 use crate::support::{TestDb, exec, insert_expired, insert_stale_jobs};
@@ -22,10 +23,11 @@ async fn sweep_probe_decodes_from_text() {
     let mut conn = db.connect().await;
     assert_eq!(
         locks::sweep_probe(&mut conn).await.unwrap(),
-        SweepProbe {
+        Probe {
             expired: false,
-            takeovers: false,
+            recorded: false,
             held: Some(0),
+            missed: 0,
         }
     );
     insert_expired(&mut conn, "probe-", 3, 1_000).await;
@@ -33,10 +35,11 @@ async fn sweep_probe_decodes_from_text() {
     // whether others are busy: an idle test database has nobody.
     assert_eq!(
         locks::sweep_probe(&mut conn).await.unwrap(),
-        SweepProbe {
+        Probe {
             expired: true,
-            takeovers: false,
+            recorded: false,
             held: None,
+            missed: 0,
         }
     );
 }

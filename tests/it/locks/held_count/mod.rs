@@ -15,7 +15,7 @@ mod recount;
 
 use std::time::Duration;
 
-use lease_sweeper::testing::lock_entry::{HELD_COUNT_MAX_AGE, HeldCount};
+use lease_sweeper::testing::lock_entry::HELD_COUNT_MAX_AGE;
 use lease_sweeper::testing::lock_store::PgLockStore;
 use lease_sweeper::testing::lock_sweeper::LockSweeper;
 use lease_sweeper::testing::metrics::Metrics;
@@ -69,20 +69,15 @@ pub(super) async fn held_now(conn: &mut PgConnection) -> i64 {
     count(conn, "SELECT count(*) FROM lock_entry").await
 }
 
-/// `held_count`'s answer when that call recounted.
-pub(super) fn recounted(held: i64) -> HeldCount {
-    HeldCount {
-        held,
-        recounted: true,
-    }
+/// `held_count`'s answer (held, recounted) when that call recounted.
+pub(super) fn recounted(held: i64) -> (i64, bool) {
+    (held, true)
 }
 
-/// `held_count`'s answer when that call read the stored count.
-pub(super) fn stored(held: i64) -> HeldCount {
-    HeldCount {
-        held,
-        recounted: false,
-    }
+/// `held_count`'s answer (held, recounted) when that call read the stored
+/// count.
+pub(super) fn stored(held: i64) -> (i64, bool) {
+    (held, false)
 }
 
 /// One daemon's lock sweep with its own StatsD listener, so each daemon's
