@@ -105,7 +105,7 @@ pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1
 /// A row of `REAP_LEASES`, `DRAIN_TAKEOVERS` or `HANDOFF_RECOVER`: one lease
 /// (reaped: both millisecond fields set; set aside: `set_aside_error`), the
 /// columns a statement does not return left at their default.
-#[derive(FromRow)]
+#[derive(Debug, FromRow)]
 struct LeaseRow {
     lock_key: Option<String>,
     owner_id: Option<String>,
@@ -123,25 +123,14 @@ struct LeaseRow {
     fallback_cause: Option<String>,
 }
 
-/// A lease the function could not reap: left in place (or in the outbox),
-/// reported so the daemon writes one ERROR line naming it and the cause.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetAsideLease {
-    pub lock_key: String,
-    pub owner_id: String,
-    /// As `ExpiredLease::token`: its text, empty for NULL.
-    pub token: String,
-    pub reaped_by: ReapedBy,
-    /// The database's error, with its SQLSTATE.
-    pub cause: String,
-}
-
 /// What one statement returned: the leases to report, those set aside, and,
 /// for a sweep's batch, its hand-off and why it was taken row by row.
 #[derive(Debug, Default)]
 pub struct Taken {
     pub leases: Vec<ExpiredLease>,
-    pub set_aside: Vec<SetAsideLease>,
+    /// Rows of leases the function could not reap: left in place (or in
+    /// the outbox), each logged once as `lease_set_aside`.
+    set_aside: Vec<LeaseRow>,
     /// The hand-off row holding `leases` (a sweep's batch that reaped any).
     pub handoff_id: Option<i64>,
     /// The set-based statement's failure, when the batch fell back to its
@@ -155,43 +144,33 @@ pub struct Taken {
 /// lease.
 fn leases(rows: Vec<LeaseRow>) -> Result<Taken, sqlx::Error> {
     let mut out = Taken::default();
-    for row in rows {
-        out.fallback = out.fallback.or(row.fallback_cause);
+    for mut row in rows {
+        out.fallback = out.fallback.or(row.fallback_cause.take());
         out.handoff_id = out.handoff_id.or(row.handoff_id);
-        let Some(lock_key) = row.lock_key else {
+        if row.lock_key.is_none() {
             continue;
-        };
-        let reaped_by = match row.reaped_by {
+        }
+        let reaped_by = match row.reaped_by.as_deref() {
             None => ReapedBy::Sweep,
-            Some(text) => ReapedBy::parse(&text)
+            Some(text) => ReapedBy::parse(text)
                 .ok_or_else(|| sqlx::Error::Decode(format!("unknown reaped_by {text:?}").into()))?,
         };
-        let (owner_id, token) = (
-            row.owner_id.unwrap_or_default(),
-            row.token.unwrap_or_default(),
-        );
         match (
-            row.set_aside_error,
+            row.set_aside_error.is_none(),
             row.expired_at_millis,
             row.overdue_millis,
         ) {
-            (None, Some(expired_at_millis), Some(overdue_millis)) => {
+            (true, Some(expired_at_millis), Some(overdue_millis)) => {
                 out.leases.push(ExpiredLease {
-                    lock_key,
-                    owner_id,
-                    token,
+                    lock_key: row.lock_key.unwrap_or_default(),
+                    owner_id: row.owner_id.unwrap_or_default(),
+                    token: row.token.unwrap_or_default(),
                     expired_at_millis,
                     overdue_millis,
                     reaped_by,
                 })
             }
-            (error, _, _) => out.set_aside.push(SetAsideLease {
-                lock_key,
-                owner_id,
-                token,
-                reaped_by,
-                cause: error.unwrap_or_else(|| "reaped without a deadline".to_owned()),
-            }),
+            _ => out.set_aside.push(row),
         }
     }
     Ok(out)
@@ -334,15 +313,19 @@ async fn retire_in_tx(
 
 /// One ERROR line per lease the database set aside (a row whose delete failed
 /// inside the reaping function): it was not deleted, every other lease of
-/// its batch was; the next sweep retries it.
-fn log_set_aside(rows: &[SetAsideLease]) {
+/// its batch was; the next sweep retries it. Its `reaped_by` was checked
+/// when it was read (`leases`).
+fn log_set_aside(rows: &[LeaseRow]) {
     for row in rows {
         tracing::error!(
-            lockKey = %row.lock_key,
-            token = %row.token,
-            ownerId = %row.owner_id,
-            reapedBy = row.reaped_by.as_str(),
-            cause = %row.cause,
+            lockKey = row.lock_key.as_deref().unwrap_or_default(),
+            token = row.token.as_deref().unwrap_or_default(),
+            ownerId = row.owner_id.as_deref().unwrap_or_default(),
+            reapedBy = row.reaped_by.as_deref().unwrap_or(ReapedBy::Sweep.as_str()),
+            cause = row
+                .set_aside_error
+                .as_deref()
+                .unwrap_or("reaped without a deadline"),
             "lease_set_aside"
         );
     }
