@@ -45,43 +45,6 @@ macro_rules! held_count_max_age_ms {
 /// done once per interval by one daemon of the whole fleet.
 pub const HELD_COUNT_MAX_AGE: Duration = Duration::from_millis(held_count_max_age_ms!());
 
-/// One batch of the sweep, one row per lease: deletes up to `$1` expired
-/// leases in deadline order from `$2` (epoch ms: the newest deadline the
-/// sweep's previous batch reaped; NULL: the oldest, pre-1970 and -infinity
-/// included), rows other sessions hold skipped (`FOR UPDATE SKIP LOCKED`,
-/// so replicas split the work), and records them in one hand-off row
-/// (`lock_reap_batch` in `sql/functions/` holds the statement and explains
-/// its shape: the database clock decides, rows are deleted by tuple id;
-/// `lock_reap_leases` unnests what it hands off). The sweeper's role needs
-/// no DELETE privilege and can never delete a live lease.
-///
-/// Resuming at `$2` spares each batch the dead index entries the earlier
-/// ones left at the head of the index, which would make a drain quadratic
-/// in its backlog; a lease passed over (held by another session when its
-/// batch ran) is reaped by the next sweep, which starts from the oldest.
-pub const REAP_LEASES: &str = "
-SELECT handoff_id, lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error,
-       fallback_cause
-  FROM lock_reap_leases($1, $2)";
-
-/// Drains up to `$1` recorded expiries (takeovers, late releases and late
-/// renewals), oldest first, each with how it left the table or came back to
-/// life; overdue is measured at that moment (`lock_drain_takeovers` in
-/// `sql/functions/`).
-pub const DRAIN_TAKEOVERS: &str = "
-SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis, set_aside_error, reaped_by
-  FROM lock_drain_takeovers($1)";
-
-/// Deletes the oldest hand-off its writer abandoned (older than the grace in
-/// `signal_handoff_grace()`, held by no one) and returns its leases.
-pub const HANDOFF_RECOVER: &str = "
-SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
-  FROM lock_handoff_recover()";
-
-/// Claims hand-off `$1` for writing its lines (deletes it; the row lock lasts
-/// until COMMIT); false when another sweeper recovered it first.
-pub const HANDOFF_CLAIM: &str = "SELECT lock_handoff_claim($1)";
-
 /// What a sweep asks first, in one statement (`lock_sweep_probe` in
 /// `sql/functions/`): is any lease expired, is any expiry recorded, and the
 /// shared held count (counted at most `HELD_COUNT_MAX_AGE` ago, less what
@@ -94,15 +57,8 @@ pub const SWEEP_PROBE: &str = concat!(
     ")"
 );
 
-/// Leases currently held, expired-but-unswept ones included, from the count
-/// the fleet shares (`lock_held_count_get` in `sql/functions/`): the stored
-/// count less the leases every batch committed since it has swept, read in
-/// one statement, and a `count(*)` only by the one caller that finds the
-/// stored count older than `$1` ms and wins its row. Returns the count and
-/// whether this call recounted.
-pub const HELD_COUNT: &str = "SELECT held, recounted FROM lock_held_count_get($1)";
-
-/// A row of `REAP_LEASES`, `DRAIN_TAKEOVERS` or `HANDOFF_RECOVER`: one lease
+/// A row of `lock_reap_leases`, `lock_drain_takeovers` or
+/// `lock_handoff_recover`: one lease
 /// (reaped: both millisecond fields set; set aside: `set_aside_error`), the
 /// columns a statement does not return left at their default.
 #[derive(Debug, FromRow)]
@@ -183,16 +139,34 @@ async fn fetch_leases(
     leases(query.persistent(false).fetch_all(conn).await?)
 }
 
-/// Runs `REAP_LEASES`: the batch is deleted and handed off, in the caller's
-/// transaction.
+/// One batch of the sweep, one row per lease, in the caller's transaction:
+/// deletes up to `limit` expired leases in deadline order from
+/// `after_millis` (epoch ms: the newest deadline the sweep's previous batch
+/// reaped; `None`: the oldest, pre-1970 and -infinity included), rows other
+/// sessions hold skipped (`FOR UPDATE SKIP LOCKED`, so replicas split the
+/// work), and records them in one hand-off row (`lock_reap_batch` in
+/// `sql/functions/` holds the statement and explains its shape: the
+/// database clock decides, rows are deleted by tuple id; `lock_reap_leases`
+/// unnests what it hands off). The sweeper's role needs no DELETE privilege
+/// and can never delete a live lease.
+///
+/// Resuming at `after_millis` spares each batch the dead index entries the
+/// earlier ones left at the head of the index, which would make a drain
+/// quadratic in its backlog; a lease passed over (held by another session
+/// when its batch ran) is reaped by the next sweep, which starts from the
+/// oldest.
 pub async fn reap_batch(
     conn: &mut PgConnection,
     limit: usize,
     after_millis: Option<i64>,
 ) -> Result<Taken, sqlx::Error> {
-    let query = sqlx::query_as(REAP_LEASES)
-        .bind(conn::limit_param(limit))
-        .bind(after_millis);
+    let query = sqlx::query_as(
+        "SELECT handoff_id, lock_key, owner_id, token, expired_at_millis, overdue_millis,
+                set_aside_error, fallback_cause
+           FROM lock_reap_leases($1, $2)",
+    )
+    .bind(conn::limit_param(limit))
+    .bind(after_millis);
     fetch_leases(conn, query).await
 }
 
@@ -210,15 +184,17 @@ pub async fn sweep_probe(conn: &mut PgConnection) -> Result<Probe, sqlx::Error> 
     })
 }
 
-/// The shared held-lease count, recounted when the stored one is older than
-/// `max_age_millis`: the leases held (counted at most the max age ago, plus
-/// one count's duration, less what was swept since), and whether this call
-/// was the one that recounted.
+/// Leases currently held, expired-but-unswept ones included, from the count
+/// the fleet shares (`lock_held_count_get` in `sql/functions/`): the stored
+/// count less the leases every batch committed since it has swept, read in
+/// one statement, and a `count(*)` only by the one caller that finds the
+/// stored count older than `max_age_millis` and wins its row. Returns the
+/// count and whether this call recounted.
 pub async fn held_count(
     conn: &mut PgConnection,
     max_age_millis: i64,
 ) -> Result<(i64, bool), sqlx::Error> {
-    sqlx::query_as(HELD_COUNT)
+    sqlx::query_as("SELECT held, recounted FROM lock_held_count_get($1)")
         .persistent(false)
         .bind(max_age_millis)
         .fetch_one(conn)
@@ -279,7 +255,9 @@ async fn reap_in_tx(
     log_set_aside(&batch.set_aside);
     if let Some(id) = batch.handoff_id {
         let mut tx = conn::begin(conn).await?;
-        let claimed: bool = sqlx::query_scalar(HANDOFF_CLAIM)
+        // Deletes the hand-off (its row lock lasts until COMMIT); false
+        // when another sweeper recovered it first.
+        let claimed: bool = sqlx::query_scalar("SELECT lock_handoff_claim($1)")
             .persistent(false)
             .bind(id)
             .fetch_one(&mut *tx)
@@ -292,8 +270,9 @@ async fn reap_in_tx(
     Ok(batch)
 }
 
-/// Retires recorded expiries (abandoned hand-offs with `HANDOFF_RECOVER`,
-/// the outbox with `DRAIN_TAKEOVERS`) in one transaction: the statement
+/// Retires recorded expiries (an abandoned hand-off with
+/// `lock_handoff_recover`, the outbox with `lock_drain_takeovers`) in one
+/// transaction: the statement
 /// deletes them, their lines are written, then it commits. The number
 /// reported.
 async fn retire_in_tx(
@@ -366,7 +345,11 @@ impl LockStore for PgLockStore {
 
     /// Abandoned hand-offs first (their leases expired before any takeover
     /// still recorded), one a transaction, then the outbox with what is left
-    /// of `limit`.
+    /// of `limit`. A hand-off is abandoned when it is older than
+    /// `signal_handoff_grace()` and no one holds it; the outbox's rows are
+    /// takeovers, late releases and late renewals, oldest first, each with
+    /// how it left the table or came back to life, overdue measured at that
+    /// moment.
     async fn drain_recorded(
         &mut self,
         limit: usize,
@@ -377,7 +360,10 @@ impl LockStore for PgLockStore {
             let recovered = self
                 .db
                 .batch(async |c| {
-                    let query = sqlx::query_as(HANDOFF_RECOVER);
+                    let query = sqlx::query_as(
+                        "SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
+                           FROM lock_handoff_recover()",
+                    );
                     retire_in_tx(c, "lock_handoff_recover", query, report).await
                 })
                 .await?;
@@ -391,7 +377,12 @@ impl LockStore for PgLockStore {
             done += self
                 .db
                 .batch(async |c| {
-                    let query = sqlx::query_as(DRAIN_TAKEOVERS).bind(conn::limit_param(left));
+                    let query = sqlx::query_as(
+                        "SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis,
+                                set_aside_error, reaped_by
+                           FROM lock_drain_takeovers($1)",
+                    )
+                    .bind(conn::limit_param(left));
                     retire_in_tx(c, "lock_drain_takeovers", query, report).await
                 })
                 .await?;
