@@ -203,10 +203,6 @@ impl fmt::Display for Work {
     }
 }
 
-/// The driver's error, kept as the source of a `StoreError`. Boxed so this
-/// module does not name the driver.
-pub type Cause = Box<dyn std::error::Error + Send + Sync>;
-
 /// Why a store call failed. `Display` names the work, the statement and the
 /// cause (scrubbed of secrets); `source()` is the driver's own error.
 #[derive(Debug, thiserror::Error)]
@@ -233,8 +229,10 @@ pub enum StoreError {
         work: Work,
         query: &'static str,
         cause: String,
+        /// The driver's own error, boxed so this module does not name the
+        /// driver.
         #[source]
-        source: Option<Cause>,
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     #[error("{work}: `{query}` returned what this version cannot read: {cause}")]
     Decode {
