@@ -17,7 +17,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::Metrics;
 use crate::pg::horizon::{DeadRows, Holder, HolderKind, Horizon, HorizonSource};
 use crate::store::StoreError;
-use crate::sweep::{FailedPasses, Outcome, Service};
+use crate::sweep::{FailedPasses, Service};
 
 /// Pause between two checks. A held horizon is a matter of minutes (dead
 /// rows pile up at the sweep rate, not faster), so every 10 s is prompt, and
@@ -51,18 +51,6 @@ pub struct CheckOutcome {
     /// Lines written by this pass (held and released).
     pub lines: usize,
     pub dead: DeadRows,
-}
-
-impl Outcome for CheckOutcome {
-    fn log_done(&self) {
-        tracing::debug!(
-            held = self.held,
-            lines = self.lines,
-            deadLockEntryRows = self.dead.lock_entry,
-            deadJobQueueRows = self.dead.job_queue,
-            "horizon_check_done"
-        );
-    }
 }
 
 /// One holder, as told apart across checks: a session or walsender by its
@@ -320,6 +308,16 @@ impl<S: HorizonSource> Service for HorizonCheck<S> {
             holdAfterMillis = HOLD_AFTER.as_millis() as u64,
             repeatMillis = HELD_REPEAT.as_millis() as u64,
             "horizon_check_started"
+        );
+    }
+
+    fn log_done(outcome: &CheckOutcome) {
+        tracing::debug!(
+            held = outcome.held,
+            lines = outcome.lines,
+            deadLockEntryRows = outcome.dead.lock_entry,
+            deadJobQueueRows = outcome.dead.job_queue,
+            "horizon_check_done"
         );
     }
 

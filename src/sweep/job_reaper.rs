@@ -15,7 +15,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{ApplyBatch, Gates, JobQueue, StoreError};
 use crate::sweep::report::{LineReporter, Reaped};
-use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, SWEEP_DELAY, Service};
 
 /// Most stale jobs one apply transaction handles. It holds their row locks
 /// until it commits (a worker's heartbeat or completion of one of them
@@ -41,19 +41,6 @@ pub struct ReapOutcome {
     pub refused: Option<String>,
     /// The pass stopped early because shutdown was requested.
     pub interrupted: bool,
-}
-
-impl Outcome for ReapOutcome {
-    fn log_done(&self) {
-        tracing::debug!(
-            reset = self.reset,
-            deadLettered = self.dead_lettered,
-            stale = self.stale,
-            refused = self.refused.as_deref(),
-            interrupted = self.interrupted,
-            "job_reap_done"
-        );
-    }
 }
 
 /// The gates' answer as last logged, so a change is logged once.
@@ -239,6 +226,17 @@ impl<Q: JobQueue> Service for JobReaper<Q> {
             delayMillis = SWEEP_DELAY.as_millis() as u64,
             batchSize = JOB_BATCH_SIZE,
             "job_reaper_started"
+        );
+    }
+
+    fn log_done(outcome: &ReapOutcome) {
+        tracing::debug!(
+            reset = outcome.reset,
+            deadLettered = outcome.dead_lettered,
+            stale = outcome.stale,
+            refused = outcome.refused.as_deref(),
+            interrupted = outcome.interrupted,
+            "job_reap_done"
         );
     }
 

@@ -58,7 +58,7 @@ use crate::output::events::EventLog;
 use crate::output::metrics::{Lateness, Metrics};
 use crate::store::{LockStore, StoreError};
 use crate::sweep::report::{LineReporter, Reaped};
-use crate::sweep::{Drain, FailedPasses, Outcome, SWEEP_DELAY, Service};
+use crate::sweep::{Drain, FailedPasses, SWEEP_DELAY, Service};
 
 /// Most leases one batch deletes. Its transaction holds their row locks
 /// until it commits, and a lock-server call on one of their keys (a storm's
@@ -85,19 +85,6 @@ pub struct SweepOutcome {
     pub held: Option<i64>,
     /// The sweep stopped early because shutdown was requested.
     pub interrupted: bool,
-}
-
-impl Outcome for SweepOutcome {
-    fn log_done(&self) {
-        tracing::debug!(
-            swept = self.swept,
-            takenOver = self.taken_over,
-            batches = self.batches,
-            held = self.held,
-            interrupted = self.interrupted,
-            "sweep_done"
-        );
-    }
 }
 
 /// The lock-lease service.
@@ -258,6 +245,17 @@ impl<S: LockStore> Service for LockSweeper<S> {
             delayMillis = SWEEP_DELAY.as_millis() as u64,
             batchSize = BATCH_SIZE,
             "sweeper_started"
+        );
+    }
+
+    fn log_done(outcome: &SweepOutcome) {
+        tracing::debug!(
+            swept = outcome.swept,
+            takenOver = outcome.taken_over,
+            batches = outcome.batches,
+            held = outcome.held,
+            interrupted = outcome.interrupted,
+            "sweep_done"
         );
     }
 

@@ -40,13 +40,6 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// While the same error persists, it is logged again at most this often.
 pub const ERROR_REPEAT: Duration = Duration::from_secs(60);
 
-/// What one pass of a service did.
-pub trait Outcome: Debug + Send {
-    /// Logs it at DEBUG as `<work>_done` with one logfmt field per count,
-    /// so a log query can read them without parsing a Rust value.
-    fn log_done(&self);
-}
-
 /// One maintenance service: a pass, and the names its loop logs under.
 ///
 /// A service has one name in the code, `SERVICE` (its module and type say
@@ -54,8 +47,8 @@ pub trait Outcome: Debug + Send {
 /// shipped, and log queries read them: the lock sweeper's lifecycle events
 /// say `sweeper` and its failures `sweep`.
 pub trait Service: Send {
-    /// What a pass did; logged at DEBUG by the loop.
-    type Outcome: Outcome;
+    /// What a pass did; logged at DEBUG by the loop (`log_done`).
+    type Outcome: Debug + Send;
 
     /// The service's name, and the `service` label of its health series
     /// (`lock_sweeper`, `job_reaper`, `horizon_check`).
@@ -73,6 +66,10 @@ pub trait Service: Send {
 
     /// Logs the service's settings once, when its loop starts.
     fn log_started(&self);
+
+    /// Logs what a pass did at DEBUG as `<work>_done` with one logfmt field
+    /// per count, so a log query can read them without parsing a Rust value.
+    fn log_done(outcome: &Self::Outcome);
 
     /// One pass. Stops between batches once `cancel` fires.
     fn pass(
@@ -106,7 +103,7 @@ pub async fn run<S: Service>(
                 Ok(outcome) => {
                     metrics.pass_finished(S::SERVICE, true, started.elapsed());
                     errors.succeeded();
-                    outcome.log_done();
+                    S::log_done(&outcome);
                 }
                 Err(e) => {
                     metrics.pass_finished(S::SERVICE, false, started.elapsed());
