@@ -7,43 +7,60 @@
 //! batch (`sweep::report`), nor any SQL (the store).
 //!
 //! Everything a reader meets from the timer tick to the `lease_expired`
-//! line, failure path included, 56 in all:
-//! - the loop (`sweep`, 8): `SWEEP_DELAY`, the pause between passes of a
-//!   `Service`, whose `Outcome` says what a pass did; `DRAIN_GRACE`, how
-//!   long a pass in flight may finish after a shutdown signal; `ErrorLog`,
-//!   which logs a failed pass once and again every `ERROR_REPEAT`, its
-//!   count named by `FailedPasses`; `Beat`, told after every pass, which the
-//!   watchdog follows;
-//! - the pass (5): `LockSweeper`, the service; `Stage`, expired leases then
-//!   recorded expiries; `Drain`, the rule that runs batches of `BATCH_SIZE`
-//!   until a short one or a shutdown; `SweepOutcome`, its counts;
-//! - the seam (`store`, `model`, 8): `LockStore`, a pass's calls in their
-//!   order; `Probe`, its first answer; `Reporter`, handed to each call as a
-//!   `Report`, through which a batch's lines go; `StoreError`, every
-//!   failure, naming its `Work`; `ExpiredLease`, one line's lease, and
-//!   `ReapedBy`, how it left the table;
-//! - the lines (`sweep::report`, `output`, 5): `LineReporter`, which for any
-//!   `Reaped` row writes through `EventLog` (stdout, no log level can
-//!   silence it), gathers `Lateness` and sends it with the counts to
-//!   `Metrics` at each commit;
-//! - PostgreSQL (`pg`, 16): `PgLockStore` on its own `Db` (one connection,
-//!   reopened after a failure, which `BatchFailure` names); `Taken`, where
-//!   the next batch starts; the rows decoded: `SweepProbe`, `HandedOffRow`
-//!   into `HandedOff`, `LeaseRow` into `LeaseBatch`, `SetAsideLease`,
-//!   `HandoffRow`, `HeldCount`; `BEGIN_GUARDED`, how every transaction opens
-//!   (its timeouts); `PROBE_TIMEOUT`, the probe's bound; `REPORT_CHUNK`, the
-//!   lines written between two yields; `HELD_COUNT_MAX_AGE`, how old the
-//!   shared held count may be;
-//! - SQL functions (12): `lock_sweep_probe`; `lock_reap_batch`, falling back
-//!   on `lock_reap_expired` row by row; `lock_handoff_claim`;
-//!   `lock_handoff_recover`; `lock_drain_takeovers`; `lock_held_count_get`;
-//!   and the helpers they call: `lease_epoch_millis`, `lease_overdue_millis`,
-//!   `lock_held_counted`, `lock_held_count_millis`, `signal_handoff_grace`;
+//! line, failure path and the `lock_batch_fallback` WARN included: every
+//! type, trait, constant, SQL function and transaction, 47 in all (the
+//! tables and the setting the SQL reads are named last, not counted):
+//! - the loop (`sweep`, 7): `Service`, what a loop runs: a pass and the
+//!   names its lines use; `SWEEP_DELAY`, the pause between passes;
+//!   `DRAIN_GRACE`, how long a pass in flight may finish after a shutdown
+//!   signal; `ErrorLog`, which logs a failed pass once and again every
+//!   `ERROR_REPEAT`, its count named by `FailedPasses`; `Beat`, told after
+//!   every pass, which the watchdog follows;
+//! - the pass (5): `LockSweeper`, the service, which also counts and logs a
+//!   batch that fell back; `Stage`, the two things a pass drains in order
+//!   (expired leases, then recorded expiries); `Drain`, the rule that runs
+//!   batches of `BATCH_SIZE` until a short one or a shutdown;
+//!   `SweepOutcome`, the pass's counts;
+//! - the seam (`store`, `model`, 7): `LockStore`, a pass's calls in their
+//!   order; `Probe`, its first answer; `Reporter`, handed to each batch,
+//!   through which its lines go and which hears of each commit;
+//!   `StoreError`, every failure, naming its `Work`; `ExpiredLease`, one
+//!   line's lease, and `ReapedBy`, how it left the table;
+//! - the lines (`sweep::report`, `output`, 5): `LineReporter`, the one
+//!   `Reporter`, which for any `Reaped` row writes through `EventLog`
+//!   (stdout, no log level can silence it), gathers `Lateness` and sends it
+//!   with the counts to `Metrics` at each commit;
+//! - PostgreSQL (`pg`, 10): `PgLockStore` on its own `Db` (one connection,
+//!   reopened after a failure, which `BatchFailure` names); `LeaseRow`, one
+//!   lease as every lock statement returns it, and `Taken`, a statement's
+//!   rows sorted into leases to report, leases set aside, the hand-off and
+//!   the fallback's cause; `SWEEP_PROBE`, the first question, its argument
+//!   `HELD_COUNT_MAX_AGE`, how old the shared held count may be;
+//!   `BEGIN_GUARDED`, how every transaction opens (its timeouts);
+//!   `PROBE_TIMEOUT`, the probe's bound; `REPORT_CHUNK`, the lines written
+//!   between two yields;
+//! - SQL functions (11): `lock_sweep_probe`, the first question;
+//!   `lock_reap_leases`, one row per lease of the batch `lock_reap_batch`
+//!   deletes and hands off (set-based, falling back on its own row-by-row
+//!   pass, which it says); `lock_handoff_claim`, the sweep's own hand-off
+//!   taken back; `lock_handoff_recover`, an abandoned one;
+//!   `lock_drain_takeovers`, the outbox; `lock_held_count_get`, the shared
+//!   count; and the helpers they call: `lease_epoch_millis` (the one
+//!   epoch-millisecond rule), `lease_overdue_millis`, `lock_held_counted`
+//!   (whether a deleted lease was in the stored count),
+//!   `signal_handoff_grace` (when a hand-off counts as abandoned);
 //! - two transactions a batch: delete up to `BATCH_SIZE` leases in deadline
 //!   order, skipping rows others hold, and record them in a hand-off,
 //!   commit; then claim the hand-off, write the lines, commit. Recovered
 //!   hand-offs and recorded expiries are one transaction each: write, then
 //!   commit.
+//!
+//! Not counted: connecting (`Db::conn`'s host walk, with `ConnectError` and
+//! its hints, owned by `pg::conn`) and what the SQL reads. The tables:
+//! `lock_entry` (the leases), `lock_reap_handoff`,
+//! `lock_expiry_outbox`, `lock_held_count` and `lock_held_delta`; the
+//! composite `lock_reaped_lease` (a row-by-row pass's rows); the setting
+//! `lease_sweeper.reaping` (the sweep's deletions are not late releases).
 //!
 //! Nothing here waits because other sessions exist: the lock server is
 //! protected by how a batch is taken (one short transaction, rows other

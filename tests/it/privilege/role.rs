@@ -451,7 +451,7 @@ async fn migration_names_createrole_survives_concurrency() {
 }
 
 /// The grants docs/least-privilege.md's table says the role holds, as
-/// (object, privilege): `lock_reap_expired(integer,bigint)` (spaces dropped,
+/// (object, privilege): `lock_reap_batch(integer,bigint)` (spaces dropped,
 /// as `regprocedure` prints it), `queue_setting`, `job_queue.job_id` for a
 /// column, `the schema`.
 fn documented_grants() -> BTreeSet<(String, String)> {
