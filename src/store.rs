@@ -86,10 +86,10 @@ pub trait LockStore: Send {
         report: &mut dyn Reporter<ExpiredLease>,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
-    /// Why the last `reap_batch` took its batch row by row (its one
-    /// set-based statement failed: the database's message and SQLSTATE), or
-    /// `None`; taken, so each batch that fell back is told once. Only
-    /// PostgreSQL has such a pass.
+    /// Why the last `reap_batch` or `drain_recorded` took its batch row by
+    /// row (its one set-based statement failed: the database's message and
+    /// SQLSTATE), or `None`; taken, so each batch that fell back is told
+    /// once. Only PostgreSQL has such a pass.
     fn take_fallback(&mut self) -> Option<String> {
         None
     }

@@ -1,5 +1,17 @@
+-- Dropped first: up to the first release it returned no fallback_cause,
+-- and CREATE OR REPLACE cannot change a function's result columns. This
+-- file runs only in `migrate`'s one transaction, and grants again below, so
+-- callers never see it missing.
+DROP FUNCTION IF EXISTS lock_drain_takeovers(integer);
+
+-- Drains the outbox in one set-based statement; when that fails (one row
+-- whose delete an operator's trigger refuses, say), takes the same rows one
+-- by one, so the failing row is set aside and the rest are reported, and
+-- says why on every row it returns (fallback_cause), as lock_reap_batch
+-- does. A fallback that took nothing returns no row, so a caller reading
+-- these columns by name always gets a lease.
 CREATE OR REPLACE FUNCTION lock_drain_takeovers(p_limit integer)
- RETURNS TABLE(lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint, set_aside_error text, reaped_by text)
+ RETURNS TABLE(lock_key text, owner_id text, token text, expired_at_millis bigint, overdue_millis bigint, set_aside_error text, reaped_by text, fallback_cause text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'public', 'pg_temp'
@@ -8,7 +20,7 @@ AS $function$
 DECLARE
     v_rows   lock_reaped_lease[];
     v_one    lock_reaped_lease;
-    v_failed boolean := false;
+    v_cause  text;
     r        record;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 100000 THEN
@@ -33,10 +45,10 @@ BEGIN
           INTO v_rows
           FROM gone AS g;
     EXCEPTION WHEN OTHERS THEN
-        v_failed := true;
+        v_cause := pg_catalog.format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE);
     END;
 
-    IF v_failed THEN
+    IF v_cause IS NOT NULL THEN
         v_rows := '{}';
         FOR r IN
             SELECT b.outbox_id, b.lock_key, b.owner_id, b.token, b.reaped_by
@@ -64,13 +76,14 @@ BEGIN
         END LOOP;
     END IF;
 
-    RETURN QUERY SELECT u.lock_key, u.owner_id, u.token, u.expired_at_millis, u.overdue_millis, u.set_aside_error, u.reaped_by
+    RETURN QUERY SELECT u.lock_key, u.owner_id, u.token, u.expired_at_millis, u.overdue_millis, u.set_aside_error, u.reaped_by,
+                        v_cause
                    FROM pg_catalog.unnest(v_rows) AS u;
 END
 $function$;
 
 COMMENT ON FUNCTION lock_drain_takeovers(integer) IS
-'Deletes and returns up to p_limit (1-100000, else 22023) recorded expiries from lock_expiry_outbox (takeovers, late releases and late renewals), oldest first, lateness measured when the lease left lock_entry or was renewed; the sweeper reports each as lease_expired with reapedBy = reaped_by (takeover, release or renewal) before committing. SECURITY DEFINER; EXECUTE: lease_sweeper only.';
+'Deletes and returns up to p_limit (1-100000, else 22023) recorded expiries from lock_expiry_outbox (takeovers, late releases and late renewals), oldest first, lateness measured when the lease left lock_entry or was renewed; the sweeper reports each as lease_expired with reapedBy = reaped_by (takeover, release or renewal) before committing (fallback_cause: why the set-based statement failed, when the rows were taken one by one). SECURITY DEFINER; EXECUTE: lease_sweeper only.';
 
 REVOKE ALL ON FUNCTION lock_drain_takeovers(integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION lock_drain_takeovers(integer) TO lease_sweeper;

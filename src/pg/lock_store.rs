@@ -210,8 +210,9 @@ pub struct PgLockStore {
     /// last batch took, so a drain walks the backlog in deadline order
     /// without reading what it took again. Reset by each pass's probe.
     after: Option<i64>,
-    /// Why the last batch fell back to its row-by-row pass, until the
-    /// sweeper takes it (`LockStore::take_fallback`).
+    /// Why the last batch (a sweep's, or the outbox's) fell back to its
+    /// row-by-row pass, until the sweeper takes it
+    /// (`LockStore::take_fallback`).
     fallback: Option<String>,
 }
 
@@ -274,17 +275,24 @@ async fn reap_in_tx(
 /// `lock_handoff_recover`, the outbox with `lock_drain_takeovers`) in one
 /// transaction: the statement
 /// deletes them, their lines are written, then it commits. The number
-/// reported.
+/// reported; why the outbox's batch fell back to its row-by-row pass, if it
+/// did, goes to `fallback`.
 async fn retire_in_tx(
     conn: &mut PgConnection,
     what: &'static str,
     query: sqlx::query::QueryAs<'_, sqlx::Postgres, LeaseRow, sqlx::postgres::PgArguments>,
     report: &mut dyn Reporter<ExpiredLease>,
+    fallback: &mut Option<String>,
 ) -> Result<usize, BatchFailure> {
     let mut tx = conn::begin(conn).await?;
-    let retired = fetch_leases(&mut tx, query)
+    let mut retired = fetch_leases(&mut tx, query)
         .await
         .map_err(|e| BatchFailure::Query(what, e))?;
+    // Set before the lines: a batch that fell back and whose lines then
+    // fail still fell back.
+    if let Some(cause) = retired.fallback.take() {
+        *fallback = Some(cause);
+    }
     log_set_aside(&retired.set_aside);
     conn::report_then_commit(tx, &retired.leases, report).await?;
     Ok(retired.leases.len())
@@ -355,16 +363,16 @@ impl LockStore for PgLockStore {
         limit: usize,
         report: &mut dyn Reporter<ExpiredLease>,
     ) -> Result<usize, StoreError> {
+        let Self { db, fallback, .. } = self;
         let mut done = 0;
         while done < limit {
-            let recovered = self
-                .db
+            let recovered = db
                 .batch(async |c| {
                     let query = sqlx::query_as(
                         "SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis
                            FROM lock_handoff_recover()",
                     );
-                    retire_in_tx(c, "lock_handoff_recover", query, report).await
+                    retire_in_tx(c, "lock_handoff_recover", query, report, fallback).await
                 })
                 .await?;
             if recovered == 0 {
@@ -374,16 +382,15 @@ impl LockStore for PgLockStore {
         }
         if done < limit {
             let left = limit - done;
-            done += self
-                .db
+            done += db
                 .batch(async |c| {
                     let query = sqlx::query_as(
                         "SELECT lock_key, owner_id, token, expired_at_millis, overdue_millis,
-                                set_aside_error, reaped_by
+                                set_aside_error, reaped_by, fallback_cause
                            FROM lock_drain_takeovers($1)",
                     )
                     .bind(conn::limit_param(left));
-                    retire_in_tx(c, "lock_drain_takeovers", query, report).await
+                    retire_in_tx(c, "lock_drain_takeovers", query, report, fallback).await
                 })
                 .await?;
         }

@@ -44,7 +44,8 @@
 //!   deletes and hands off (set-based, falling back on its own row-by-row
 //!   pass, which it says); `lock_handoff_claim`, the sweep's own hand-off
 //!   taken back; `lock_handoff_recover`, an abandoned one;
-//!   `lock_drain_takeovers`, the outbox; `lock_held_count_get`, the shared
+//!   `lock_drain_takeovers`, the outbox (falling back and saying so the
+//!   same way); `lock_held_count_get`, the shared
 //!   count; and the helpers they call: `lease_epoch_millis` (the one
 //!   epoch-millisecond rule), `lease_overdue_millis`, `lock_held_counted`
 //!   (whether a deleted lease was in the stored count),

@@ -1,6 +1,7 @@
 //! The lock batch's fallback, visible: when one row's delete fails, the
 //! batch's one set-based statement fails with it, and the batch is taken row
-//! by row, so the row is set aside and every other lease is reaped. The
+//! by row, so the row is set aside and every other lease is reaped (a sweep's
+//! batch, and the outbox's drain alike). The
 //! daemon says so once per cause (`lock_batch_fallback`, WARN, with the
 //! statement's error) and counts every batch that fell back
 //! (`lock.batch.fallback`).
@@ -92,4 +93,51 @@ async fn ordinary_batches_never_fall_back() {
 
     assert!(events(&lines, "lock_batch_fallback").is_empty());
     assert_eq!(statsd.counter(FALLBACK, PG), 0);
+}
+
+/// The outbox's drain falls back the same way: a trigger refusing one
+/// recorded takeover's delete sets that one aside, the others are reported,
+/// and the daemon says why once and counts the batch.
+#[tokio::test]
+async fn refused_outbox_row_falls_back_logged_and_counted() {
+    let db = TestDb::new().await;
+    let mut conn = db.connect().await;
+    exec(
+        &mut conn,
+        "CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.lock_key = 'held1' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
+             RETURN OLD;
+         END $$;
+         CREATE TRIGGER refuse_held BEFORE DELETE ON lock_expiry_outbox FOR EACH ROW EXECUTE FUNCTION refuse_held();",
+    )
+    .await;
+    insert_expired(&mut conn, "steal-", 4, 1_000).await;
+    insert_expired(&mut conn, "held", 1, 1_000).await;
+    exec(
+        &mut conn,
+        "SELECT lock_acquire(lock_key, 'thief', 60000) FROM lock_entry",
+    )
+    .await;
+
+    let (lines, statsd) = daemon_with_statsd_until(&db, "the outbox fell back", |l, s| {
+        events(l, "lease_expired").len() >= 4
+            && !events(l, "lease_set_aside").is_empty()
+            && s.counter(FALLBACK, PG) >= 1
+    })
+    .await;
+
+    let reported = keys(&lines, "lease_expired", "lockKey");
+    assert_eq!(reported, ["steal-1", "steal-2", "steal-3", "steal-4"]);
+    let aside = events(&lines, "lease_set_aside");
+    assert!(aside.iter().all(|f| f["lockKey"] == "held1"), "{aside:?}");
+    let warned = events(&lines, "lock_batch_fallback");
+    assert_eq!(warned.len(), 1, "one line for one cause: {warned:?}");
+    assert_eq!(warned[0]["level"], "warn");
+    assert!(
+        warned[0]["cause"].contains("legal hold on held1")
+            && warned[0]["cause"].contains("SQLSTATE P0001"),
+        "{:?}",
+        warned[0]
+    );
 }
