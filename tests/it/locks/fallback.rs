@@ -1,10 +1,9 @@
 //! The lock batch's fallback, visible: when one row's delete fails, the
 //! batch's one set-based statement fails with it, and the batch is taken row
-//! by row, so the row is set aside and every other lease is reaped (a sweep's
-//! batch, and the outbox's drain alike). The
-//! daemon says so once per cause (`lock_batch_fallback`, WARN, with the
-//! statement's error) and counts every batch that fell back
-//! (`lock.batch.fallback`).
+//! by row, so the row is set aside and every other lease is reaped (a
+//! sweep's batch and the outbox's drain alike). The daemon says so once per
+//! cause (`lock_batch_fallback`, WARN, with the statement's error) and
+//! counts every batch that fell back (`lock.batch.fallback`).
 
 use crate::support::bad_rows::{daemon_with_statsd_until, keys};
 use crate::support::{TestDb, events, exec, insert_expired};
@@ -131,6 +130,12 @@ async fn refused_outbox_row_falls_back_logged_and_counted() {
     assert_eq!(reported, ["steal-1", "steal-2", "steal-3", "steal-4"]);
     let aside = events(&lines, "lease_set_aside");
     assert!(aside.iter().all(|f| f["lockKey"] == "held1"), "{aside:?}");
+    statsd.wait_counter(FALLBACK, PG, aside.len() as u64).await;
+    assert_eq!(
+        statsd.counter(FALLBACK, PG),
+        aside.len() as u64,
+        "one count per drain that fell back"
+    );
     let warned = events(&lines, "lock_batch_fallback");
     assert_eq!(warned.len(), 1, "one line for one cause: {warned:?}");
     assert_eq!(warned[0]["level"], "warn");
