@@ -1,0 +1,214 @@
+//! What `curl` gets from the endpoint behind TLS, a verified client
+//! certificate and basic auth, with every credential and without each one:
+//! 200 with all; 401 with `WWW-Authenticate: Basic` and the same body for a
+//! missing password, a wrong one and an unknown user; a failed TLS
+//! handshake without a client certificate, with one from another CA, or
+//! without trusting the server's CA; no HTTP answer at all over plain HTTP.
+
+use crate::support::{StatsdCapture, TestDb};
+use crate::web_config::support::{
+    Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, tls_config,
+    users, write_config,
+};
+
+/// Asserts a 401 that asks for basic auth; returns its body.
+fn unauthorized(what: &str, got: &Fetched) -> String {
+    assert_eq!((got.exit, got.status), (0, 401), "{what}: {got:?}");
+    assert!(
+        got.head.lines().any(|l| l
+            .to_ascii_lowercase()
+            .starts_with("www-authenticate: basic")),
+        "{what}: no WWW-Authenticate: Basic in {}",
+        got.head
+    );
+    assert!(!got.body.contains("lock_lease_expired_total"), "{what}");
+    got.body.clone()
+}
+
+#[tokio::test]
+async fn curl_gets_exact_answers_with_and_without_each_credential() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let extra = format!(
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+        pki.path("ca.crt").display()
+    );
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &tls_config(&pki, &extra, &users(&bcrypt(PASSWORD))),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let url = https_url(addr);
+    let (ca, cert, key) = (
+        arg(pki.path("ca.crt")),
+        arg(pki.path("client.crt")),
+        arg(pki.path("client.key")),
+    );
+    let (rogue_cert, rogue_key) = (
+        arg(pki.path("rogue-client.crt")),
+        arg(pki.path("rogue-client.key")),
+    );
+    let good = format!("{USER}:{PASSWORD}");
+
+    let all = curl(
+        &url,
+        &[
+            "--cacert", &ca, "--cert", &cert, "--key", &key, "--user", &good,
+        ],
+    )
+    .await;
+    assert_eq!((all.exit, all.status), (0, 200), "{all:?}");
+    assert!(
+        all.body
+            .contains("lock_lease_expired_total{backend=\"pg\"} 0"),
+        "{}",
+        all.body
+    );
+
+    let no_user = curl(&url, &["--cacert", &ca, "--cert", &cert, "--key", &key]).await;
+    let wrong = format!("{USER}:not-{PASSWORD}");
+    let wrong_password = curl(
+        &url,
+        &[
+            "--cacert", &ca, "--cert", &cert, "--key", &key, "--user", &wrong,
+        ],
+    )
+    .await;
+    let stranger = format!("stranger:{PASSWORD}");
+    let unknown_user = curl(
+        &url,
+        &[
+            "--cacert", &ca, "--cert", &cert, "--key", &key, "--user", &stranger,
+        ],
+    )
+    .await;
+    let bodies = [
+        unauthorized("no --user", &no_user),
+        unauthorized("a wrong password", &wrong_password),
+        unauthorized("an unknown user", &unknown_user),
+    ];
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "the 401 tells who exists: {bodies:?}"
+    );
+
+    for (what, got) in [
+        (
+            "no client certificate",
+            curl(&url, &["--cacert", &ca, "--user", &good]).await,
+        ),
+        (
+            "a client certificate from another CA",
+            curl(
+                &url,
+                &[
+                    "--cacert",
+                    &ca,
+                    "--cert",
+                    &rogue_cert,
+                    "--key",
+                    &rogue_key,
+                    "--user",
+                    &good,
+                ],
+            )
+            .await,
+        ),
+        (
+            "the server's CA not trusted",
+            curl(&url, &["--cert", &cert, "--key", &key, "--user", &good]).await,
+        ),
+    ] {
+        assert!(got.failed_in_tls(), "{what}: {got:?}");
+        assert!(!got.body.contains("lock_lease"), "{what}");
+    }
+    // Plain HTTP to the TLS port: no HTTP answer, never the metrics.
+    let plain = curl(&format!("http://{addr}/metrics"), &["--user", &good]).await;
+    assert_eq!(plain.status, 0, "{plain:?}");
+    assert_ne!(plain.exit, 0, "{plain:?}");
+    assert!(!plain.body.contains("lock_lease"), "{plain:?}");
+
+    // Still serving the one who has everything.
+    let again = curl(
+        &url,
+        &[
+            "--cacert", &ca, "--cert", &cert, "--key", &key, "--user", &good,
+        ],
+    )
+    .await;
+    assert_eq!((again.exit, again.status), (0, 200), "{again:?}");
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    let all_output = lines.join("\n");
+    assert!(!all_output.contains(PASSWORD), "a password in the log");
+}
+
+/// TLS and basic auth without client certificates: the CA and the password
+/// are all it takes, and the password is all that is missing without it.
+#[tokio::test]
+async fn curl_needs_only_the_password_when_no_client_cert_is_asked() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let url = https_url(addr);
+    let ca = arg(pki.path("ca.crt"));
+    let good = format!("{USER}:{PASSWORD}");
+
+    let ok = curl(&url, &["--cacert", &ca, "--user", &good]).await;
+    assert_eq!((ok.exit, ok.status), (0, 200), "{ok:?}");
+    // A client certificate nobody asked for changes nothing.
+    let (cert, key) = (arg(pki.path("client.crt")), arg(pki.path("client.key")));
+    let extra_cert = curl(
+        &url,
+        &[
+            "--cacert", &ca, "--cert", &cert, "--key", &key, "--user", &good,
+        ],
+    )
+    .await;
+    assert_eq!(
+        (extra_cert.exit, extra_cert.status),
+        (0, 200),
+        "{extra_cert:?}"
+    );
+    unauthorized("no --user", &curl(&url, &["--cacert", &ca]).await);
+    // Basic auth is checked on HEAD too.
+    let head = curl(&url, &["--cacert", &ca, "--head"]).await;
+    assert_eq!(head.status, 401, "{head:?}");
+    let untrusted = curl(&url, &["--user", &good]).await;
+    assert_eq!((untrusted.exit, untrusted.status), (60, 0), "{untrusted:?}");
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// Basic auth over plain HTTP (no TLS section): 200 with the password, 401
+/// without; a TLS handshake to it fails.
+#[tokio::test]
+async fn basic_auth_alone_serves_plain_http() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(&pki.dir, "web.yml", &users(&bcrypt(PASSWORD)));
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let url = format!("http://{addr}/metrics");
+    let good = format!("{USER}:{PASSWORD}");
+
+    let ok = curl(&url, &["--user", &good]).await;
+    assert_eq!((ok.exit, ok.status), (0, 200), "{ok:?}");
+    unauthorized("no --user", &curl(&url, &[]).await);
+    let ca = arg(pki.path("ca.crt"));
+    let tls = curl(&https_url(addr), &["--cacert", &ca, "--user", &good]).await;
+    assert!(tls.failed_in_tls(), "{tls:?}");
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+}

@@ -1,0 +1,300 @@
+//! The web config and the files it names, changed under a running daemon:
+//! a rotated certificate is served on the next connection while Prometheus
+//! scrapes every second (at most the scrape in flight fails); a changed
+//! password applies to the next request; a file broken while running keeps
+//! the last good configuration (still TLS, still the password, never plain
+//! HTTP or no auth) and is reported once per distinct problem.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::observability::support::{Prometheus, ScrapeJob};
+use crate::support::{Daemon, StatsdCapture, TestDb, events, wait_until};
+use crate::web_config::support::{
+    PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, served_certificate,
+    users, write_config,
+};
+
+/// Copies `from` over `to` the way a certificate manager does: a new file
+/// renamed into place, so no reader sees half of it.
+fn replace(from: &Path, to: &Path) {
+    let tmp = to.with_extension("new");
+    std::fs::copy(from, &tmp).unwrap();
+    std::fs::rename(&tmp, to).unwrap();
+}
+
+/// A web config serving TLS from `live.crt`/`live.key` in the PKI's
+/// directory (copies of the first server certificate) with `auth`.
+fn live_config(pki: &Pki, auth: &str) -> String {
+    replace(&pki.path("server.crt"), &pki.path("live.crt"));
+    replace(&pki.path("server.key"), &pki.path("live.key"));
+    format!(
+        "tls_server_config:\n  cert_file: {}\n  key_file: {}\n{auth}",
+        pki.path("live.crt").display(),
+        pki.path("live.key").display()
+    )
+}
+
+/// Scrapes that failed so far for `job`, and scrapes in all.
+async fn scrape_tally(prometheus: &Prometheus, job: &str) -> (f64, f64) {
+    let all = format!("count_over_time(up{{job=\"{job}\"}}[1h])");
+    let good = format!("sum_over_time(up{{job=\"{job}\"}}[1h])");
+    let all = prometheus.value(&all).await.unwrap_or(0.0);
+    let good = prometheus.value(&good).await.unwrap_or(0.0);
+    (all - good, all)
+}
+
+#[tokio::test]
+async fn rotated_certificate_is_served_on_the_next_connection() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &live_config(&pki, &users(&bcrypt(PASSWORD))),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let job = "rotating";
+    let prometheus =
+        Prometheus::start_jobs(&[
+            ScrapeJob::https(job, addr, &pki.path("ca.crt"), "localhost")
+                .basic_auth(USER, PASSWORD),
+        ])
+        .await;
+    wait_until(Duration::from_secs(30), "three good scrapes", || async {
+        scrape_tally(&prometheus, job).await.1 >= 3.0
+    })
+    .await;
+    assert_eq!(
+        scrape_tally(&prometheus, job).await.0,
+        0.0,
+        "{}",
+        prometheus.scrape_error(job).await
+    );
+    assert_eq!(
+        served_certificate(addr.port()).await.as_deref(),
+        Some(pki.text("server.crt").as_str()),
+        "the first certificate before the rotation"
+    );
+
+    // The key first, then the certificate: a handshake between the two may
+    // fail, as it would for the toolkit.
+    replace(&pki.path("server2.key"), &pki.path("live.key"));
+    replace(&pki.path("server2.crt"), &pki.path("live.crt"));
+    assert_eq!(
+        served_certificate(addr.port()).await.as_deref(),
+        Some(pki.text("server2.crt").as_str()),
+        "the next connection gets the new certificate"
+    );
+    let (_, before) = scrape_tally(&prometheus, job).await;
+    wait_until(
+        Duration::from_secs(30),
+        "five scrapes after the rotation",
+        || async { scrape_tally(&prometheus, job).await.1 >= before + 5.0 },
+    )
+    .await;
+    let (failed, all) = scrape_tally(&prometheus, job).await;
+    assert!(
+        failed <= 1.0,
+        "{failed} of {all} scrapes failed across the rotation"
+    );
+    assert_eq!(
+        prometheus.value(&format!("up{{job=\"{job}\"}}")).await,
+        Some(1.0)
+    );
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(
+        events(&lines, "web_config_rejected").is_empty(),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn changed_password_applies_to_the_next_request() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &live_config(&pki, &users(&bcrypt(PASSWORD))),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (url, ca) = (https_url(addr), arg(pki.path("ca.crt")));
+    let old = format!("{USER}:{PASSWORD}");
+    let new = format!("{USER}:rotated-password-9");
+    assert_eq!(
+        curl(&url, &["--cacert", &ca, "--user", &old]).await.status,
+        200
+    );
+    let loaded = events(&daemon.lines(), "web_config_loaded").len();
+
+    let text = std::fs::read_to_string(&web).unwrap();
+    let (head, _) = text.split_once("basic_auth_users:").unwrap();
+    write_config(
+        &pki.dir,
+        "web.yml",
+        &format!("{head}{}", users(&bcrypt("rotated-password-9"))),
+    );
+    let old_answer = curl(&url, &["--cacert", &ca, "--user", &old]).await;
+    let new_answer = curl(&url, &["--cacert", &ca, "--user", &new]).await;
+    assert_eq!(
+        (old_answer.status, new_answer.status),
+        (401, 200),
+        "old: {old_answer:?}\nnew: {new_answer:?}"
+    );
+    daemon
+        .wait_for_events("web_config_loaded", loaded + 1, Duration::from_secs(10))
+        .await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        events(&lines, "web_config_loaded").len(),
+        loaded + 1,
+        "one new version taken"
+    );
+    assert!(!lines.join("\n").contains("rotated-password-9"));
+}
+
+/// What a client gets after the file went bad: the last good configuration,
+/// all of it.
+async fn assert_last_good_served(what: &str, addr: std::net::SocketAddr, pki: &Pki) {
+    let (url, ca) = (https_url(addr), arg(pki.path("ca.crt")));
+    let good = format!("{USER}:{PASSWORD}");
+    let ok = curl(&url, &["--cacert", &ca, "--user", &good]).await;
+    assert_eq!((ok.exit, ok.status), (0, 200), "{what}: {ok:?}");
+    let no_auth = curl(&url, &["--cacert", &ca]).await;
+    assert_eq!(
+        no_auth.status, 401,
+        "{what}: served without the password: {no_auth:?}"
+    );
+    let plain = curl(&format!("http://{addr}/metrics"), &["--user", &good]).await;
+    assert_eq!(plain.status, 0, "{what}: served plain HTTP: {plain:?}");
+    assert_eq!(
+        served_certificate(addr.port()).await.as_deref(),
+        Some(pki.text("server.crt").as_str()),
+        "{what}: the last good certificate"
+    );
+}
+
+/// A way to break the configuration, named for the failure message.
+type Break<'a> = (&'a str, Box<dyn Fn() + 'a>);
+
+/// Rejections logged so far, each with the file it names.
+fn rejections(daemon: &Daemon, web: &Path) -> usize {
+    let lines = daemon.lines();
+    let rejected = events(&lines, "web_config_rejected");
+    for line in &rejected {
+        assert_eq!(line["level"], "error", "{line:?}");
+        assert_eq!(line["file"], web.display().to_string(), "{line:?}");
+        assert!(!line["error"].is_empty(), "{line:?}");
+    }
+    rejected.len()
+}
+
+#[tokio::test]
+async fn broken_file_keeps_the_last_good_config() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let hash = bcrypt(PASSWORD);
+    let good = live_config(&pki, &users(&hash));
+    let web = write_config(&pki.dir, "web.yml", &good);
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    assert_last_good_served("at start", addr, &pki).await;
+    assert_eq!(rejections(&daemon, &web), 0);
+
+    // Each break, then three clients on it: one rejection per problem,
+    // however many connections see it.
+    let mut seen = 0;
+    let breaks: [Break; 6] = [
+        (
+            "malformed YAML",
+            Box::new(|| {
+                write_config(&pki.dir, "web.yml", "tls_server_config: [\n");
+            }),
+        ),
+        (
+            "an unknown key",
+            Box::new(|| {
+                write_config(
+                    &pki.dir,
+                    "web.yml",
+                    &format!("{good}listen_address: 0.0.0.0\n"),
+                );
+            }),
+        ),
+        (
+            "a plaintext password",
+            Box::new(|| {
+                write_config(
+                    &pki.dir,
+                    "web.yml",
+                    &good.replace(&hash, "plaintext-secret-77"),
+                );
+            }),
+        ),
+        (
+            "a key not matching the certificate",
+            Box::new(|| {
+                replace(&pki.path("server2.key"), &pki.path("live.key"));
+                write_config(&pki.dir, "web.yml", &good);
+            }),
+        ),
+        (
+            "a certificate that is not PEM",
+            Box::new(|| {
+                replace(&pki.path("server.key"), &pki.path("live.key"));
+                std::fs::write(pki.path("live.crt"), "not a certificate\n").unwrap();
+            }),
+        ),
+        (
+            "the file removed",
+            Box::new(|| {
+                replace(&pki.path("server.crt"), &pki.path("live.crt"));
+                std::fs::remove_file(&web).unwrap();
+            }),
+        ),
+    ];
+    for (what, break_it) in &breaks {
+        break_it();
+        for _ in 0..3 {
+            assert_last_good_served(what, addr, &pki).await;
+        }
+        seen += 1;
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{what} rejected"),
+            || async { rejections(&daemon, &web) >= seen },
+        )
+        .await;
+        assert_eq!(
+            rejections(&daemon, &web),
+            seen,
+            "{what}: {:?}",
+            daemon.lines()
+        );
+    }
+    let lines = daemon.lines().join("\n");
+    assert!(
+        !lines.contains("plaintext-secret-77") && !lines.contains(&hash[7..]),
+        "a secret in the log"
+    );
+
+    // Made good again, a new version is taken: the same config and
+    // password, no new rejection.
+    let loaded = events(&daemon.lines(), "web_config_loaded").len();
+    write_config(&pki.dir, "web.yml", &good);
+    assert_last_good_served("repaired", addr, &pki).await;
+    daemon
+        .wait_for_events("web_config_loaded", loaded + 1, Duration::from_secs(10))
+        .await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert_eq!(events(&lines, "web_config_rejected").len(), breaks.len());
+}
