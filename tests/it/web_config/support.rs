@@ -333,15 +333,25 @@ pub fn promtool_accepts(file: &Path, as_user: Option<u32>, cwd: &Path) -> (bool,
 /// What `curl` got: its exit code (0, or why the transfer failed: 35, 56,
 /// 60, … for TLS), the HTTP status (0 when none came back), the response
 /// head and the body.
-#[derive(Debug)]
 pub struct Fetched {
     pub exit: i32,
     pub status: u16,
     pub head: String,
     pub body: String,
-    /// curl's own words on a failure: read in failure messages (Debug).
-    #[allow(dead_code)]
+    /// curl's own words on a failure, for failure messages.
     pub stderr: String,
+}
+
+/// Failure messages show the start of the body only: a scrape is long.
+impl std::fmt::Debug for Fetched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let body: String = self.body.chars().take(200).collect();
+        write!(
+            f,
+            "curl exit {}, status {}, head {:?}, body {body:?}…, stderr {:?}",
+            self.exit, self.status, self.head, self.stderr
+        )
+    }
 }
 
 impl Fetched {
