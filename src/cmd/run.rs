@@ -71,7 +71,7 @@ pub async fn run() -> anyhow::Result<()> {
             let exposition = Exposition::new();
             let watch = web.map(|(path, active)| {
                 info!(file = %path.display(), summary = %active.summary(), "web_config_loaded");
-                crate::output::scrape::warn_if_expired(&path, &active);
+                crate::output::scrape::warn_about(&path, &active);
                 crate::output::web_config::Watch::new(path, active)
             });
             let tls = watch.as_ref().is_some_and(|w| w.is_tls());

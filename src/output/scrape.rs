@@ -181,7 +181,7 @@ fn current(web: &mut Watch) -> Arc<Active> {
                 summary = %active.summary(),
                 "web_config_loaded"
             );
-            warn_if_expired(web.path(), &active);
+            warn_about(web.path(), &active);
         }
         Change::Rejected(e) => {
             tracing::error!(file = %web.path().display(), error = %e, "web_config_rejected");
@@ -190,14 +190,19 @@ fn current(web: &mut Watch) -> Arc<Active> {
     active
 }
 
-/// The toolkit serves an expired certificate; so does this endpoint, saying so.
-pub fn warn_if_expired(file: &std::path::Path, active: &Active) {
+/// What the toolkit accepts but an operator should hear about: an expired
+/// certificate (served all the same), client certificates checked against
+/// no CA or every public one. Said when a version is taken.
+pub fn warn_about(file: &std::path::Path, active: &Active) {
     if active.expired {
         tracing::warn!(
             file = %file.display(),
             notAfter = active.not_after.as_deref().unwrap_or(""),
             "web_config_certificate_expired"
         );
+    }
+    for warning in &active.warnings {
+        tracing::warn!(file = %file.display(), warning = %warning, "web_config_warning");
     }
 }
 

@@ -12,19 +12,28 @@ use super::report::Line;
 pub const SUBJECT: &str = "metrics endpoint web config";
 
 /// `ok` with a summary, `warn` for an expired server certificate (served
-/// all the same, as by Prometheus's toolkit), or `FAIL` with `run`'s error.
+/// all the same, as by Prometheus's toolkit) or client certificates checked
+/// against no CA or every public one, or `FAIL` with `run`'s error.
 pub fn line(path: &Path) -> Line {
-    match crate::output::web_config::load(path) {
-        Err(e) => Line::fail(SUBJECT, e.to_string()),
-        Ok(active) if active.expired => Line::warn(
+    let active = match crate::output::web_config::load(path) {
+        Err(e) => return Line::fail(SUBJECT, e.to_string()),
+        Ok(active) => active,
+    };
+    let mut warnings = Vec::new();
+    if active.expired {
+        warnings.push(format!(
+            "the server certificate expired at {}; clients that check it will refuse the \
+             endpoint: renew it (the endpoint takes the new one at the next connection)",
+            active.not_after.as_deref().unwrap_or("?")
+        ));
+    }
+    warnings.extend(active.warnings.iter().cloned());
+    if warnings.is_empty() {
+        Line::ok(SUBJECT, format!("{}: {}", path.display(), active.summary()))
+    } else {
+        Line::warn(
             SUBJECT,
-            format!(
-                "{}: the server certificate expired at {}; clients that check it will refuse \
-                 the endpoint: renew it (the endpoint takes the new one at the next connection)",
-                path.display(),
-                active.not_after.as_deref().unwrap_or("?")
-            ),
-        ),
-        Ok(active) => Line::ok(SUBJECT, format!("{}: {}", path.display(), active.summary())),
+            format!("{}: {}", path.display(), warnings.join("; ")),
+        )
     }
 }

@@ -243,10 +243,39 @@ fn read_yaml(bytes: &[u8]) -> Result<RawFile, FieldError> {
     }
 }
 
-/// serde's message, which names the key path and the line; it quotes a key
-/// or an enumeration name, never a scalar value a password hash could be.
+/// serde's message, which names the key path and the line, with any
+/// string value it quotes left out: a hash put where a mapping belongs
+/// would otherwise be printed.
 fn yaml_problem(e: &serde_yaml_ng::Error) -> String {
-    format!("{e}; fix the file (keys and layout as Prometheus's web configuration file)")
+    format!(
+        "{}; fix the file (keys and layout as Prometheus's web configuration file)",
+        without_quoted_strings(&e.to_string())
+    )
+}
+
+/// `invalid type: string "…", expected …` becomes `invalid type: a string,
+/// expected …` (serde quotes a value as `string "…"`, escaping quotes in it).
+fn without_quoted_strings(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(QUOTED) {
+        out.push_str(&rest[..at]);
+        out.push_str("a string");
+        let value = &rest[at + QUOTED.len()..];
+        let mut escaped = false;
+        let end = value
+            .char_indices()
+            .find(|&(_, c)| {
+                let closes = c == '"' && !escaped;
+                escaped = c == '\\' && !escaped;
+                closes
+            })
+            .map_or(value.len(), |(i, _)| i + 1);
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn tls_settings(raw: RawTls, dir: &Path) -> Result<Option<TlsSettings>, FieldError> {
@@ -399,7 +428,7 @@ pub fn bcrypt_cost(hash: &str) -> Result<u32, String> {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename = "web configuration")]
 struct RawFile {
     tls_server_config: Option<RawTls>,
     http_server_config: Option<RawHttp>,
@@ -407,7 +436,7 @@ struct RawFile {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename = "tls_server_config")]
 struct RawTls {
     cert_file: Option<GoString>,
     key_file: Option<GoString>,
@@ -423,7 +452,7 @@ struct RawTls {
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename = "http_server_config")]
 struct RawHttp {
     http2: Option<GoBool>,
     headers: Option<UniqueMap<GoString>>,
@@ -615,6 +644,21 @@ mod tests {
         assert_eq!(field_of("hello\n"), "(YAML)");
         assert_eq!(field_of("a: [\n"), "(YAML)");
         assert_eq!(field_of("tls_server_config:\n\tcert_file: x\n"), "(YAML)");
+    }
+
+    #[test]
+    fn a_value_in_the_wrong_place_is_not_quoted() {
+        let e = parse_str(&format!("basic_auth_users: '{HASH}'\n")).unwrap_err();
+        assert!(!e.problem.contains("abcdefghij"), "{}", e.problem);
+        assert!(
+            e.problem.contains("invalid type: a string"),
+            "{}",
+            e.problem
+        );
+        assert_eq!(
+            without_quoted_strings(r#"x: string "a\"b", expected y; string "c""#),
+            "x: a string, expected y; a string"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-pub use file::ClientAuth;
+pub use file::{ClientAuth, Settings};
 
 /// The variable naming the file.
 pub const FILE_VAR: &str = "LEASE_SWEEPER_WEB_CONFIG_FILE";
@@ -52,6 +52,9 @@ pub struct Active {
     pub not_after: Option<String>,
     /// Whether that moment has passed.
     pub expired: bool,
+    /// What the toolkit accepts but weakens the endpoint (client
+    /// certificates checked against no CA, or every public one).
+    pub warnings: Vec<String>,
     digest: [u8; 32],
 }
 
@@ -75,15 +78,64 @@ impl Active {
 
 /// Reads and builds the file at `path`, with every file it names.
 pub fn load(path: &Path) -> Result<Active, WebConfigError> {
-    let (digest, outcome) = read(path);
-    outcome.map(|built| built(digest))
+    let (digest, read) = read(path);
+    read.and_then(|pending| pending.build(path, digest))
 }
 
-type Build = Box<dyn FnOnce([u8; 32]) -> Active>;
+/// What reading found, before the (costlier) build: the settings and the
+/// bytes of the files they name.
+struct Pending {
+    settings: Settings,
+    /// The certificate, key and CA, when TLS is on.
+    material: Option<tls::Material>,
+}
 
-/// Reads everything, returning the digest of all bytes read (and of each
-/// failure) with either the builder of the version or why it is bad.
-fn read(path: &Path) -> ([u8; 32], Result<Build, WebConfigError>) {
+impl Pending {
+    fn build(self, path: &Path, digest: [u8; 32]) -> Result<Active, WebConfigError> {
+        let Pending { settings, material } = self;
+        let (Some(tls_settings), Some(mut material)) = (settings.tls, material) else {
+            return Ok(Active {
+                tls: None,
+                headers: settings.headers,
+                users: settings.users,
+                client_auth: ClientAuth::NoClientCert,
+                not_after: None,
+                expired: false,
+                warnings: Vec::new(),
+                digest,
+            });
+        };
+        if material.client_ca.is_none()
+            && matches!(
+                tls_settings.client_auth,
+                ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
+            )
+        {
+            // The toolkit's fallback for a verifying type without a CA file.
+            material.system_roots = rustls_native_certs::load_native_certs().certs;
+        }
+        let built = tls::build(&tls_settings, &material).map_err(|e| WebConfigError {
+            file: path.display().to_string(),
+            field: e.field,
+            problem: e.problem,
+        })?;
+        Ok(Active {
+            tls: Some(built.config),
+            headers: settings.headers,
+            users: settings.users,
+            client_auth: tls_settings.client_auth,
+            not_after: Some(built.not_after),
+            expired: built.expired,
+            warnings: built.warnings,
+            digest,
+        })
+    }
+}
+
+/// Reads the file and the files it names, returning the digest of all
+/// bytes read (and of each failure) with what was read or why it is bad.
+/// Builds nothing: a caller whose digest is unchanged stops here.
+fn read(path: &Path) -> ([u8; 32], Result<Pending, WebConfigError>) {
     let mut digest = Sha256::new();
     let fail = |field: &str, problem: String| WebConfigError {
         file: path.display().to_string(),
@@ -109,19 +161,13 @@ fn read(path: &Path) -> ([u8; 32], Result<Build, WebConfigError>) {
         Ok(s) => s,
         Err(e) => return (digest.finalize().into(), Err(fail(&e.field, e.problem))),
     };
-    let Some(tls_settings) = settings.tls.clone() else {
-        let digest: [u8; 32] = digest.finalize().into();
+    let Some(tls_settings) = &settings.tls else {
         return (
-            digest,
-            Ok(Box::new(move |digest| Active {
-                tls: None,
-                headers: settings.headers,
-                users: settings.users,
-                client_auth: ClientAuth::NoClientCert,
-                not_after: None,
-                expired: false,
-                digest,
-            })),
+            digest.finalize().into(),
+            Ok(Pending {
+                settings,
+                material: None,
+            }),
         );
     };
     let named = |field: &str, p: &Path, digest: &mut Sha256| {
@@ -145,28 +191,20 @@ fn read(path: &Path) -> ([u8; 32], Result<Build, WebConfigError>) {
         .as_deref()
         .map(|p| named("client_ca_file", p, &mut digest));
     let digest: [u8; 32] = digest.finalize().into();
-    let material = match (cert, key, ca.transpose()) {
-        (Ok(cert), Ok(key), Ok(client_ca)) => tls::Material {
-            cert,
-            key,
-            client_ca,
-        },
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return (digest, Err(e)),
-    };
-    match tls::build(&tls_settings, &material) {
-        Err(e) => (digest, Err(fail(&e.field, e.problem))),
-        Ok(built) => (
+    match (cert, key, ca.transpose()) {
+        (Ok(cert), Ok(key), Ok(client_ca)) => (
             digest,
-            Ok(Box::new(move |digest| Active {
-                tls: Some(built.config),
-                headers: settings.headers,
-                users: settings.users,
-                client_auth: tls_settings.client_auth,
-                not_after: Some(built.not_after),
-                expired: built.expired,
-                digest,
-            })),
+            Ok(Pending {
+                settings,
+                material: Some(tls::Material {
+                    cert,
+                    key,
+                    client_ca,
+                    system_roots: Vec::new(),
+                }),
+            }),
         ),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => (digest, Err(e)),
     }
 }
 
@@ -234,12 +272,12 @@ impl Watch {
     /// changed. Turning TLS on or off takes a restart: a version that would
     /// do either is refused, so the endpoint never drops to plain HTTP.
     pub fn current(&mut self) -> (Arc<Active>, Change) {
-        let (digest, outcome) = read(&self.path);
+        let (digest, read) = read(&self.path);
         if digest == self.active.digest || Some(digest) == self.last_bad {
             return (self.active.clone(), Change::None);
         }
-        let outcome = outcome.and_then(|build| {
-            let next = build(digest);
+        let outcome = read.and_then(|pending| {
+            let next = pending.build(&self.path, digest)?;
             if next.tls.is_some() != self.active.tls.is_some() {
                 return Err(WebConfigError {
                     file: self.path.display().to_string(),

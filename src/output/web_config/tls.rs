@@ -12,6 +12,7 @@ use std::sync::Arc;
 use rustls::crypto::{CryptoProvider, SupportedKxGroup, ring};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{
@@ -26,6 +27,9 @@ pub struct Material {
     pub cert: Vec<u8>,
     pub key: Vec<u8>,
     pub client_ca: Option<Vec<u8>>,
+    /// This system's CA store, loaded only for a verifying
+    /// `client_auth_type` without `client_ca_file` (the toolkit's fallback).
+    pub system_roots: Vec<CertificateDer<'static>>,
 }
 
 /// A built TLS configuration and what the operator should hear about it.
@@ -35,6 +39,8 @@ pub struct Built {
     pub not_after: String,
     /// Whether that moment has passed (served all the same, as the toolkit does).
     pub expired: bool,
+    /// What the toolkit accepts but an operator should hear about.
+    pub warnings: Vec<String>,
 }
 
 fn field(name: &str) -> String {
@@ -68,7 +74,8 @@ pub fn build(settings: &TlsSettings, material: &Material) -> Result<Built, Field
             ),
         )
     })?;
-    let verifier = client_verifier(settings, material, &provider)?;
+    let mut warnings = Vec::new();
+    let verifier = client_verifier(settings, material, &provider, &mut warnings)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
         .map_err(|e| {
@@ -95,6 +102,7 @@ pub fn build(settings: &TlsSettings, material: &Material) -> Result<Built, Field
         config: Arc::new(config),
         not_after,
         expired,
+        warnings,
     })
 }
 
@@ -259,90 +267,87 @@ fn client_verifier(
     settings: &TlsSettings,
     material: &Material,
     provider: &Arc<CryptoProvider>,
+    warnings: &mut Vec<String>,
 ) -> Result<Arc<dyn ClientCertVerifier>, FieldError> {
-    let ca_name = || {
-        settings
-            .client_ca_file
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    };
-    let roots = match &material.client_ca {
-        None => None,
-        Some(pem) => {
-            let mut roots = RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| {
-                    FieldError::new(
-                        field("client_ca_file"),
-                        format!("{}: not a PEM certificate file ({e})", ca_name()),
-                    )
-                })?;
-                roots.add(cert).map_err(|e| {
-                    FieldError::new(
-                        field("client_ca_file"),
-                        format!("{}: a certificate cannot be used as a CA ({e})", ca_name()),
-                    )
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(FieldError::new(
-                    field("client_ca_file"),
-                    format!(
-                        "{}: holds no PEM certificate; no client could be verified",
-                        ca_name()
-                    ),
-                ));
-            }
-            Some(roots)
-        }
-    };
     let auth = settings.client_auth;
-    match auth {
-        ClientAuth::NoClientCert => Ok(WebPkiClientVerifier::no_client_auth()),
-        ClientAuth::RequestClientCert | ClientAuth::RequireAnyClientCert => {
-            Ok(Arc::new(AnyClientCert {
-                mandatory: auth == ClientAuth::RequireAnyClientCert,
-                provider: provider.clone(),
-            }))
+    let anyone = |mandatory| -> Arc<dyn ClientCertVerifier> {
+        Arc::new(AnyClientCert {
+            mandatory,
+            provider: provider.clone(),
+            reject: false,
+        })
+    };
+    let mandatory = match auth {
+        ClientAuth::NoClientCert => return Ok(WebPkiClientVerifier::no_client_auth()),
+        // The toolkit does not verify these either.
+        ClientAuth::RequestClientCert => return Ok(anyone(false)),
+        ClientAuth::RequireAnyClientCert => return Ok(anyone(true)),
+        ClientAuth::VerifyClientCertIfGiven => false,
+        ClientAuth::RequireAndVerifyClientCert => true,
+    };
+    // As Go's certificate pool: PEM blocks that are not certificates, or
+    // that do not parse, are skipped.
+    let mut roots = RootCertStore::empty();
+    let (source, certs) = match (&settings.client_ca_file, &material.client_ca) {
+        (Some(path), Some(pem)) => (
+            path.display().to_string(),
+            CertificateDer::pem_slice_iter(pem)
+                .filter_map(Result::ok)
+                .collect::<Vec<_>>(),
+        ),
+        _ => {
+            warnings.push(format!(
+                "client_auth_type {} without client_ca_file: client certificates are verified \
+                 against this system's CA store ({} CAs), so one from any public CA passes; \
+                 set client_ca_file to the CA that signs your clients' certificates",
+                auth.name(),
+                material.system_roots.len()
+            ));
+            (
+                "this system's CA store".to_owned(),
+                material.system_roots.clone(),
+            )
         }
-        ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert => {
-            // Without a CA the toolkit would verify against the system's
-            // public roots: any certificate bought anywhere would pass.
-            let roots = roots.ok_or_else(|| {
-                FieldError::new(
-                    field("client_ca_file"),
-                    format!(
-                        "missing: client_auth_type {} needs the CA that signs the clients' \
-                         certificates",
-                        auth.name()
-                    ),
-                )
-            })?;
-            let builder =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
-            let builder = if auth == ClientAuth::VerifyClientCertIfGiven {
-                builder.allow_unauthenticated()
+    };
+    roots.add_parsable_certificates(certs);
+    if roots.is_empty() {
+        warnings.push(format!(
+            "{source} holds no usable CA certificate: no client certificate can be verified{}",
+            if mandatory {
+                ", so no client can connect"
             } else {
-                builder
-            };
-            builder.build().map_err(|e| {
-                FieldError::new(
-                    field("client_ca_file"),
-                    format!("{}: cannot verify clients with it ({e})", ca_name()),
-                )
-            })
-        }
+                ", so only clients without one can connect"
+            }
+        ));
+        return Ok(Arc::new(AnyClientCert {
+            mandatory,
+            provider: provider.clone(),
+            reject: true,
+        }));
     }
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+    let builder = if mandatory {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder.build().map_err(|e| {
+        FieldError::new(
+            field("client_ca_file"),
+            format!("{source}: cannot verify clients with it ({e})"),
+        )
+    })
 }
 
 /// `RequestClientCert` / `RequireAnyClientCert`: any certificate is taken
 /// (the toolkit does not verify it either), but the client must still prove
-/// it holds the certificate's key.
+/// it holds the certificate's key. With `reject`, a verifying type whose CA
+/// pool is empty: every certificate is refused, as Go's empty pool does.
 #[derive(Debug)]
 struct AnyClientCert {
     mandatory: bool,
     provider: Arc<CryptoProvider>,
+    reject: bool,
 }
 
 impl ClientCertVerifier for AnyClientCert {
@@ -364,6 +369,11 @@ impl ClientCertVerifier for AnyClientCert {
         _intermediates: &[CertificateDer<'_>],
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
+        if self.reject {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ));
+        }
         Ok(ClientCertVerified::assertion())
     }
 
@@ -494,12 +504,149 @@ mod tests {
         assert!(e.problem.contains("CurveP521"));
     }
 
+    fn verify_with(
+        s: &TlsSettings,
+        m: &Material,
+        warnings: &mut Vec<String>,
+    ) -> Arc<dyn ClientCertVerifier> {
+        let provider = Arc::new(provider(s).unwrap());
+        client_verifier(s, m, &provider, warnings)
+            .ok()
+            .expect("builds")
+    }
+
+    const CERT: &[u8] = include_bytes!("testdata/server.crt");
+    const KEY: &[u8] = include_bytes!("testdata/server.key");
+
+    fn material(cert: &[u8], key: &[u8]) -> Material {
+        Material {
+            cert: cert.to_vec(),
+            key: key.to_vec(),
+            client_ca: None,
+            system_roots: vec![],
+        }
+    }
+
+    #[test]
+    fn a_matching_pair_builds_and_reports_its_expiry() {
+        let built = build(&settings(), &material(CERT, KEY))
+            .ok()
+            .expect("builds");
+        assert!(!built.expired);
+        assert!(built.not_after.starts_with("2126-"), "{}", built.not_after);
+        assert!(built.warnings.is_empty());
+    }
+
+    #[test]
+    fn an_expired_certificate_is_built_and_flagged() {
+        let built = build(
+            &settings(),
+            &material(
+                include_bytes!("testdata/expired.crt"),
+                include_bytes!("testdata/expired.key"),
+            ),
+        )
+        .ok()
+        .expect("an expired certificate is served");
+        assert!(built.expired);
+        assert!(built.not_after.starts_with("2020-"), "{}", built.not_after);
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused_without_quoting_it() {
+        let other = include_bytes!("testdata/other.key");
+        let e = build(&settings(), &material(CERT, other))
+            .err()
+            .expect("refused");
+        assert_eq!(e.field, "tls_server_config.key_file");
+        assert!(e.problem.contains("does not match"), "{}", e.problem);
+        let key_body = std::str::from_utf8(other).unwrap().lines().nth(1).unwrap();
+        assert!(!e.problem.contains(&key_body[..16]));
+    }
+
+    #[test]
+    fn swapped_files_are_refused_naming_the_field() {
+        let e = build(&settings(), &material(KEY, CERT))
+            .err()
+            .expect("refused");
+        assert_eq!(e.field, "tls_server_config.cert_file");
+    }
+
+    #[test]
+    fn each_client_auth_type_builds_its_verifier() {
+        for auth in [
+            ClientAuth::NoClientCert,
+            ClientAuth::RequestClientCert,
+            ClientAuth::RequireAnyClientCert,
+            ClientAuth::VerifyClientCertIfGiven,
+            ClientAuth::RequireAndVerifyClientCert,
+        ] {
+            let mut s = settings();
+            s.client_auth = auth;
+            s.client_ca_file = Some(PathBuf::from("/w/ca.pem"));
+            let mut m = material(CERT, KEY);
+            m.client_ca = Some(CERT.to_vec());
+            assert!(build(&s, &m).is_ok(), "{auth:?}");
+            let mut warnings = Vec::new();
+            let verifier = verify_with(&s, &m, &mut warnings);
+            assert!(warnings.is_empty(), "{auth:?}: {warnings:?}");
+            assert_eq!(
+                verifier.offer_client_auth(),
+                auth != ClientAuth::NoClientCert
+            );
+            if auth != ClientAuth::NoClientCert {
+                assert_eq!(
+                    verifier.client_auth_mandatory(),
+                    matches!(
+                        auth,
+                        ClientAuth::RequireAnyClientCert | ClientAuth::RequireAndVerifyClientCert
+                    ),
+                    "{auth:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_verifying_type_without_usable_cas_warns_and_refuses_every_certificate() {
+        let mut s = settings();
+        s.client_auth = ClientAuth::RequireAndVerifyClientCert;
+        s.client_ca_file = Some(PathBuf::from("/w/empty.pem"));
+        let mut m = material(CERT, KEY);
+        m.client_ca = Some(b"no certificate here".to_vec());
+        let built = build(&s, &m).ok().expect("accepted, as the toolkit does");
+        assert!(
+            built.warnings[0].contains("no usable CA"),
+            "{:?}",
+            built.warnings
+        );
+        let leaf = CertificateDer::from_pem_slice(CERT).unwrap();
+        let verifier = verify_with(&s, &m, &mut Vec::new());
+        assert!(verifier.client_auth_mandatory());
+        assert!(
+            verifier
+                .verify_client_cert(&leaf, &[], UnixTime::now())
+                .is_err()
+        );
+        // Without client_ca_file: the system's store, with a warning.
+        s.client_ca_file = None;
+        m.client_ca = None;
+        m.system_roots = vec![leaf.clone()];
+        let built = build(&s, &m).ok().expect("accepted, as the toolkit does");
+        assert!(
+            built.warnings[0].contains("system's CA store"),
+            "{:?}",
+            built.warnings
+        );
+    }
+
     #[test]
     fn a_cert_file_without_certificates_is_refused() {
         let m = Material {
             cert: b"hello".to_vec(),
             key: vec![],
             client_ca: None,
+            system_roots: vec![],
         };
         let e = build(&settings(), &m).err().expect("refused");
         assert_eq!(e.field, "tls_server_config.cert_file");
