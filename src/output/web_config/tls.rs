@@ -510,9 +510,7 @@ mod tests {
         warnings: &mut Vec<String>,
     ) -> Arc<dyn ClientCertVerifier> {
         let provider = Arc::new(provider(s).unwrap());
-        client_verifier(s, m, &provider, warnings)
-            .ok()
-            .expect("builds")
+        client_verifier(s, m, &provider, warnings).expect("builds")
     }
 
     const CERT: &[u8] = include_bytes!("testdata/server.crt");
@@ -529,9 +527,7 @@ mod tests {
 
     #[test]
     fn a_matching_pair_builds_and_reports_its_expiry() {
-        let built = build(&settings(), &material(CERT, KEY))
-            .ok()
-            .expect("builds");
+        let built = build(&settings(), &material(CERT, KEY)).expect("builds");
         assert!(!built.expired);
         assert!(built.not_after.starts_with("2126-"), "{}", built.not_after);
         assert!(built.warnings.is_empty());
@@ -546,7 +542,6 @@ mod tests {
                 include_bytes!("testdata/expired.key"),
             ),
         )
-        .ok()
         .expect("an expired certificate is served");
         assert!(built.expired);
         assert!(built.not_after.starts_with("2020-"), "{}", built.not_after);
@@ -614,7 +609,7 @@ mod tests {
         s.client_ca_file = Some(PathBuf::from("/w/empty.pem"));
         let mut m = material(CERT, KEY);
         m.client_ca = Some(b"no certificate here".to_vec());
-        let built = build(&s, &m).ok().expect("accepted, as the toolkit does");
+        let built = build(&s, &m).expect("accepted, as the toolkit does");
         assert!(
             built.warnings[0].contains("no usable CA"),
             "{:?}",
@@ -632,7 +627,7 @@ mod tests {
         s.client_ca_file = None;
         m.client_ca = None;
         m.system_roots = vec![leaf.clone()];
-        let built = build(&s, &m).ok().expect("accepted, as the toolkit does");
+        let built = build(&s, &m).expect("accepted, as the toolkit does");
         assert!(
             built.warnings[0].contains("system's CA store"),
             "{:?}",
