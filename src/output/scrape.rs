@@ -46,10 +46,12 @@ pub const ADDR_VAR: &str = "LEASE_SWEEPER_METRICS_ADDR";
 /// The one path served.
 pub const PATH: &str = "/metrics";
 
-/// Connections served at once. A scraper needs one; a few Prometheus
-/// replicas and an operator's curl fit many times over. Past it, a new
-/// connection is closed at once, so a flood holds at most this many
-/// connections' buffers (about 16 KiB each).
+/// Connections served at once, TLS handshakes in progress included. A
+/// scraper needs one; a few Prometheus replicas and an operator's curl fit
+/// many times over. Past it, a new connection is closed at once (before the
+/// web configuration file is read or a handshake begins), so a flood holds
+/// at most this many connections' buffers (about 16 KiB each, plus
+/// rustls's bounded record buffers under TLS).
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// Largest request head (request line and headers). hyper's smallest read

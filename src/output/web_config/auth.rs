@@ -5,8 +5,8 @@
 //! Owns the bcrypt work and its bounds: one bcrypt at a time (later ones
 //! wait their turn without a thread), on the endpoint runtime's blocking
 //! pool, never on the sweep's threads; an unknown user costs the same
-//! bcrypt as a known one (against a fixed hash), so timing does not tell
-//! which users exist. Answers are cached by a SHA-256 of user, hash and
+//! bcrypt as a known one (against a stand-in hash of the users' usual
+//! cost), so timing does not tell which users exist. Answers are cached by a SHA-256 of user, hash and
 //! password (the plaintext is not kept), in a bounded cache. It does not
 //! build the 401 response (`scrape` does).
 
@@ -20,10 +20,31 @@ use sha2::{Digest, Sha256};
 /// memory a stream of distinct wrong passwords can take.
 pub const CACHE_CAPACITY: usize = 100;
 
-/// A bcrypt hash (cost 10, the toolkit's own) of a password no user has:
-/// an unknown user is checked against it so the answer takes as long as
-/// for a known one.
+/// The toolkit's stand-in hash (of `fakepassword`, cost 10). An unknown
+/// user is checked against it, at the cost of the users' own hashes
+/// (`dummy_hash`), so the answer takes as long as for a known one; even a
+/// match is refused, the user being unknown.
 const DUMMY_HASH: &str = "$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi";
+
+/// The stand-in hash at the cost most of `users`' hashes have (the lower
+/// on a tie, so a single costly hash does not make every unknown name
+/// costly): with `htpasswd -B`'s default cost 5 an unknown user then costs
+/// what a known one does, where the toolkit's fixed cost 10 would take
+/// about 32 times longer and tell them apart. Only the cost is changed: the
+/// salt and digest stay the toolkit's.
+pub fn dummy_hash(users: &BTreeMap<String, String>) -> String {
+    let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+    for hash in users.values() {
+        if let Ok(cost) = super::file::bcrypt_cost(hash) {
+            *counts.entry(cost).or_default() += 1;
+        }
+    }
+    let cost = counts
+        .iter()
+        .max_by(|(ca, na), (cb, nb)| na.cmp(nb).then(cb.cmp(ca)))
+        .map_or(10, |(cost, _)| *cost);
+    format!("$2y${cost:02}{}", &DUMMY_HASH[6..])
+}
 
 /// The user and password of a `Basic` `Authorization` header, as bytes.
 /// None when the header is absent or not well-formed Basic credentials.
@@ -102,7 +123,10 @@ impl Authenticator {
             return false;
         };
         let known = std::str::from_utf8(&user).ok().and_then(|u| users.get(u));
-        let hash = known.map_or(DUMMY_HASH, String::as_str).to_owned();
+        let hash = match known {
+            Some(hash) => hash.clone(),
+            None => dummy_hash(users),
+        };
         let key = cache_key(&user, &hash, &password);
         let cached = self.cache.lock().map(|c| c.get(&key)).unwrap_or(None);
         let matched = match cached {
@@ -216,7 +240,28 @@ mod tests {
     }
 
     #[test]
-    fn the_dummy_hash_is_one_the_file_would_accept() {
+    fn the_dummy_hash_takes_the_users_usual_cost() {
+        let cost = |hashes: &[&str]| {
+            let users = hashes
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (i.to_string(), (*h).to_owned()))
+                .collect();
+            let dummy = dummy_hash(&users);
+            assert!(bcrypt::verify("fakepassword", &dummy).is_ok(), "{dummy}");
+            super::super::file::bcrypt_cost(&dummy).unwrap()
+        };
+        let at =
+            |c: u32| format!("$2y${c:02}$abcdefghijklmnopqrstuuJm1Dm3MjfPW1l0nOmNFSMdHGhFu7q6a");
+        assert_eq!(cost(&[]), 10);
+        assert_eq!(cost(&[&at(5)]), 5);
+        assert_eq!(cost(&[&at(5), &at(5), &at(12)]), 5);
+        assert_eq!(cost(&[&at(6), &at(31)]), 6);
+    }
+
+    #[test]
+    fn the_toolkits_dummy_hash_is_well_formed() {
         assert_eq!(super::super::file::bcrypt_cost(DUMMY_HASH), Ok(10));
+        assert_eq!(bcrypt::verify("fakepassword", DUMMY_HASH).ok(), Some(true));
     }
 }
