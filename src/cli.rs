@@ -120,6 +120,15 @@ pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
         read_by: &["run"],
     },
     EnvVar {
+        names: &["LEASE_SWEEPER_WEB_CONFIG_FILE"],
+        meaning: "Prometheus's web configuration file (what --web.config.file of node_exporter \
+                  reads) for the metrics endpoint: TLS, client certificates, Basic auth users \
+                  (bcrypt), security headers; re-read for each connection; needs \
+                  LEASE_SWEEPER_METRICS_ADDR (docs/metrics-and-logs.md)",
+        default: "unset: plain HTTP, no auth",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
         names: &["LEASE_SWEEPER_HEARTBEAT_FILE"],
         meaning: "where run writes its liveness heartbeat and alive reads it (containers; \
                   docs/container.md)",

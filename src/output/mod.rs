@@ -13,3 +13,4 @@ pub mod scrape;
 pub mod statsd;
 pub mod table;
 pub mod telemetry;
+pub mod web_config;
