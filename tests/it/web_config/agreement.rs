@@ -412,6 +412,7 @@ async fn check_agrees_with_promtool_on_every_file() {
     let hash = bcrypt("agreed-password");
     std::fs::create_dir_all(pki.path("sub")).unwrap();
     let secrets = secrets(&pki, &hash);
+    let expiry = pki.not_after("expired.crt");
     let mut files: Vec<(String, PathBuf, bool, &[&str])> = Vec::new();
     for case in corpus(&hash) {
         let path = write_config(&pki.dir, &format!("{}.yml", case.name), &case.text);
@@ -443,12 +444,9 @@ async fn check_agrees_with_promtool_on_every_file() {
                 line.status, line.detail
             ));
         }
-        if name == "expired-certificate"
-            && !(line.detail.contains("expired.crt")
-                && line.detail.to_lowercase().contains("expir"))
-        {
+        if name == "expired-certificate" && !line.detail.contains(&expiry) {
             disagreements.push(format!(
-                "{name}: the warning names neither the certificate nor its expiry: {}",
+                "{name}: the warning does not give the expiry {expiry}: {}",
                 line.detail
             ));
         }

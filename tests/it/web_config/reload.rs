@@ -3,7 +3,8 @@
 //! scrapes every second (at most the scrape in flight fails); a changed
 //! password applies to the next request; a file broken while running keeps
 //! the last good configuration (still TLS, still the password, never plain
-//! HTTP or no auth) and is reported once per distinct problem.
+//! HTTP or no auth, even when emptied) and is reported once per distinct
+//! problem, and again when it comes back after a repair.
 
 use std::path::Path;
 use std::time::Duration;
@@ -212,7 +213,7 @@ async fn broken_file_keeps_the_last_good_config() {
     // Each break, then three clients on it: one rejection per problem,
     // however many connections see it.
     let mut seen = 0;
-    let breaks: [Break; 6] = [
+    let breaks: [Break; 7] = [
         (
             "malformed YAML",
             Box::new(|| {
@@ -260,6 +261,14 @@ async fn broken_file_keeps_the_last_good_config() {
                 std::fs::remove_file(&web).unwrap();
             }),
         ),
+        // Valid to the toolkit (plain HTTP, no auth), as a truncating
+        // editor leaves it: never taken while TLS is on.
+        (
+            "the file emptied",
+            Box::new(|| {
+                write_config(&pki.dir, "web.yml", "");
+            }),
+        ),
     ];
     for (what, break_it) in &breaks {
         break_it();
@@ -286,15 +295,43 @@ async fn broken_file_keeps_the_last_good_config() {
         "a secret in the log"
     );
 
-    // Made good again, a new version is taken: the same config and
-    // password, no new rejection.
-    let loaded = events(&daemon.lines(), "web_config_loaded").len();
+    // Put back as it was: the problem is gone, so the same break again is
+    // a new problem to report, not one already told.
     write_config(&pki.dir, "web.yml", &good);
     assert_last_good_served("repaired", addr, &pki).await;
+    write_config(&pki.dir, "web.yml", "tls_server_config: [\n");
+    assert_last_good_served("malformed YAML again", addr, &pki).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the break again rejected",
+        || async { rejections(&daemon, &web) > breaks.len() },
+    )
+    .await;
+
+    // A new good version (one more header) is taken, said, and served.
+    let loaded = events(&daemon.lines(), "web_config_loaded").len();
+    let with_header = format!("{good}http_server_config:\n  headers:\n    X-Frame-Options: deny\n");
+    write_config(&pki.dir, "web.yml", &with_header);
+    assert_last_good_served("a new version", addr, &pki).await;
+    let (url, ca) = (https_url(addr), arg(pki.path("ca.crt")));
+    let good_user = format!("{USER}:{PASSWORD}");
+    let fetched = curl(&url, &["--cacert", &ca, "--user", &good_user]).await;
+    assert!(
+        fetched
+            .head
+            .to_ascii_lowercase()
+            .contains("x-frame-options: deny"),
+        "{fetched:?}"
+    );
     daemon
         .wait_for_events("web_config_loaded", loaded + 1, Duration::from_secs(10))
         .await;
     let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0));
-    assert_eq!(events(&lines, "web_config_rejected").len(), breaks.len());
+    assert_eq!(
+        events(&lines, "web_config_rejected").len(),
+        breaks.len() + 1,
+        "each break once"
+    );
+    assert_eq!(events(&lines, "web_config_loaded").len(), loaded + 1);
 }

@@ -69,6 +69,21 @@ impl Pki {
         std::fs::read_to_string(self.path(name)).unwrap()
     }
 
+    /// The day a certificate stops being valid, as `YYYY-MM-DD`.
+    pub fn not_after(&self, name: &str) -> String {
+        let out = Command::new(tool("openssl", "openssl"))
+            .args(["x509", "-noout", "-enddate", "-dateopt", "iso_8601", "-in"])
+            .arg(self.path(name))
+            .output()
+            .expect("running openssl");
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.trim()
+            .strip_prefix("notAfter=")
+            .and_then(|d| d.get(..10))
+            .unwrap_or_else(|| panic!("no notAfter in {text:?}"))
+            .to_owned()
+    }
+
     /// The base64 lines of a private key: none may appear in any output.
     pub fn key_secrets(&self, name: &str) -> Vec<String> {
         self.text(name)
