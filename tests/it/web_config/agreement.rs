@@ -4,6 +4,8 @@
 //! kind it refuses. Each refusal names the file and the field and prints no
 //! secret (password, hash, private key). The corpus is written next to a
 //! throwaway PKI, so relative paths resolve against the file's directory.
+//! The one kind of file where they differ, on purpose, is what the toolkit
+//! accepts and rustls cannot serve: `check` refuses it by name.
 
 use std::path::{Path, PathBuf};
 
@@ -487,25 +489,49 @@ async fn unreadable_file_is_refused_by_both() {
     );
 }
 
-/// A cipher suite Go knows and rustls does not implement: the toolkit
-/// accepts it, the daemon cannot serve it, so `check` refuses the file
-/// naming the option and the value rather than quietly serving others.
+/// What the toolkit accepts and the daemon cannot serve (rustls has no
+/// TLS 1.0 or 1.1, no P-521, no CBC or RSA key-exchange suites; versions
+/// that leave no suite): `check` refuses each, naming what it cannot do,
+/// rather than quietly serving something else. The only disagreements.
 #[tokio::test]
-async fn cipher_suite_rustls_lacks_is_refused_by_name() {
+async fn what_rustls_cannot_serve_is_refused_by_name() {
     let db = TestDb::new().await;
     let pki = Pki::new();
-    let file = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls("  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n"),
-    );
-    assert!(promtool_accepts(&file, None, &pki.dir).0);
-    let line = check_web_config(&db.url, &file, None, &pki.dir).await;
-    assert_eq!(line.status, "FAIL", "{}", line.output);
-    assert!(
-        line.detail.contains("cipher_suites")
-            && line.detail.contains("TLS_RSA_WITH_AES_128_CBC_SHA"),
-        "{}",
-        line.detail
-    );
+    let cases: [(&str, &[&str]); 7] = [
+        (
+            "  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
+            &["cipher_suites", "TLS_RSA_WITH_AES_128_CBC_SHA"],
+        ),
+        (
+            "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA]\n",
+            &["cipher_suites", "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA"],
+        ),
+        ("  min_version: TLS10\n", &["min_version", "TLS10"]),
+        ("  max_version: TLS11\n", &["TLS11"]),
+        (
+            "  min_version: TLS13\n  max_version: TLS12\n",
+            &["min_version"],
+        ),
+        (
+            "  curve_preferences: [CurveP521]\n",
+            &["curve_preferences", "CurveP521"],
+        ),
+        (
+            "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n  max_version: TLS12\n",
+            &["cipher_suites"],
+        ),
+    ];
+    for (extra, words) in cases {
+        let file = write_config(&pki.dir, "web.yml", &tls(extra));
+        let (accepted, said) = promtool_accepts(&file, None, &pki.dir);
+        assert!(accepted, "{extra}: the toolkit's verdict changed: {said}");
+        let line = check_web_config(&db.url, &file, None, &pki.dir).await;
+        assert_eq!(line.status, "FAIL", "{extra}: {}", line.output);
+        assert!(
+            line.detail.contains(&file.display().to_string())
+                && words.iter().all(|w| line.detail.contains(w)),
+            "{extra}: {words:?} not all in {}",
+            line.detail
+        );
+    }
 }
