@@ -17,18 +17,13 @@ use crate::web_config::support::{
 /// Leases made to expire in each test.
 const N: i64 = 17;
 
-/// `expr` for one job, as Prometheus stores it.
-async fn job_value(prometheus: &Prometheus, expr: &str) -> Option<f64> {
-    prometheus.value(expr).await
-}
-
 /// Waits until Prometheus has scraped `job` at least `n` times (up or not).
 async fn wait_scrapes(prometheus: &Prometheus, job: &str, n: u32) {
     let expr = format!("count_over_time(up{{job=\"{job}\"}}[1h])");
     wait_until(
         Duration::from_secs(30),
         &format!("{n} scrapes of {job}"),
-        || async { job_value(prometheus, &expr).await.unwrap_or(0.0) >= f64::from(n) },
+        || async { prometheus.value(&expr).await.unwrap_or(0.0) >= f64::from(n) },
     )
     .await;
 }
@@ -40,16 +35,16 @@ async fn wait_scraped_all(prometheus: &Prometheus, job: &str) {
     let up = format!("up{{job=\"{job}\"}}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        if job_value(prometheus, &up).await == Some(1.0)
-            && job_value(prometheus, &counter).await == Some(N as f64)
+        if prometheus.value(&up).await == Some(1.0)
+            && prometheus.value(&counter).await == Some(N as f64)
         {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
             "{job} never scraped {N} expiries: up {:?}, counter {:?}, last error {:?}",
-            job_value(prometheus, &up).await,
-            job_value(prometheus, &counter).await,
+            prometheus.value(&up).await,
+            prometheus.value(&counter).await,
             prometheus.scrape_error(job).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
