@@ -5,11 +5,16 @@
 //! handshake without a client certificate, with one from another CA, or
 //! without trusting the server's CA; no HTTP answer at all over plain HTTP.
 
-use crate::support::{StatsdCapture, TestDb};
+use crate::support::{StatsdCapture, TestDb, events};
 use crate::web_config::support::{
     Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, tls_config,
     users, write_config,
 };
+
+/// The scheme the daemon said it listens with.
+fn scheme(lines: &[String]) -> String {
+    events(lines, "metrics_listening")[0]["scheme"].clone()
+}
 
 /// Asserts a 401 that asks for basic auth; returns its body.
 fn unauthorized(what: &str, got: &Fetched) -> String {
@@ -141,6 +146,7 @@ async fn curl_gets_exact_answers_with_and_without_each_credential() {
     .await;
     assert_eq!((again.exit, again.status), (0, 200), "{again:?}");
     let (code, lines) = daemon.stop().await;
+    assert_eq!(scheme(&lines), "https");
     assert_eq!(code, Some(0));
     let all_output = lines.join("\n");
     assert!(!all_output.contains(PASSWORD), "a password in the log");
@@ -186,7 +192,8 @@ async fn curl_needs_only_the_password_when_no_client_cert_is_asked() {
     assert_eq!(head.status, 401, "{head:?}");
     let untrusted = curl(&url, &["--user", &good]).await;
     assert_eq!((untrusted.exit, untrusted.status), (60, 0), "{untrusted:?}");
-    let (code, _) = daemon.stop().await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(scheme(&lines), "https");
     assert_eq!(code, Some(0));
 }
 
@@ -209,6 +216,7 @@ async fn basic_auth_alone_serves_plain_http() {
     let ca = arg(pki.path("ca.crt"));
     let tls = curl(&https_url(addr), &["--cacert", &ca, "--user", &good]).await;
     assert!(tls.failed_in_tls(), "{tls:?}");
-    let (code, _) = daemon.stop().await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(scheme(&lines), "http");
     assert_eq!(code, Some(0));
 }

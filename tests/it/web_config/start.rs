@@ -170,4 +170,10 @@ async fn expired_certificate_is_served_with_a_warning() {
     let warned = events(&lines, "web_config_certificate_expired");
     assert_eq!(warned.len(), 1, "{lines:?}");
     assert_eq!(warned[0]["level"], "warn", "{:?}", warned[0]);
+    assert_eq!(warned[0]["file"], web.display().to_string());
+    assert!(
+        warned[0]["notAfter"].starts_with(&pki.not_after("expired.crt")),
+        "{:?}",
+        warned[0]
+    );
 }
