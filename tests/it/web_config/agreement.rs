@@ -213,6 +213,18 @@ fn corpus(hash: &str) -> Vec<Case> {
             &["cert_file"],
         ),
         case(
+            "client-ca-without-client-auth-type",
+            &tls("  client_ca_file: ca.crt\n"),
+            false,
+            &["client_ca_file"],
+        ),
+        case(
+            "client-ca-with-no-client-cert",
+            &tls("  client_auth_type: NoClientCert\n  client_ca_file: ca.crt\n"),
+            false,
+            &["client_ca_file"],
+        ),
+        case(
             "ca-without-cert",
             "tls_server_config:\n  client_ca_file: ca.crt\n",
             false,

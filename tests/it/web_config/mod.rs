@@ -5,6 +5,7 @@
 //! while running, bad files at start, and the flood with TLS on.
 
 mod agreement;
+mod client_auth;
 mod curl_status;
 mod prometheus_scrape;
 mod reload;

@@ -427,6 +427,7 @@ pub fn unprivileged_reader() -> Option<u32> {
 
 /// `daemon_env` plus the endpoint on a free loopback port and `web` as its
 /// web config: the daemon and the address it logged in `metrics_listening`.
+/// A daemon that never listens fails the test with what it wrote.
 pub async fn daemon_with_web_config(
     url: &str,
     statsd_port: &str,
@@ -435,7 +436,23 @@ pub async fn daemon_with_web_config(
     let web = web.to_str().unwrap();
     let mut env = crate::support::daemon_env(url, statsd_port);
     env.push((WEB_CONFIG_VAR, web));
-    crate::observability::support::daemon_with_endpoint(&env).await
+    env.push((crate::observability::support::ADDR_VAR, "127.0.0.1:0"));
+    let daemon = crate::support::Daemon::spawn(&env);
+    let addr = crate::support::poll(
+        Duration::from_secs(30),
+        "the endpoint listening",
+        || async {
+            let lines = daemon.lines();
+            match crate::support::events(&lines, "metrics_listening").first() {
+                Some(listening) => Ok(listening["addr"]
+                    .parse()
+                    .expect("metrics_listening carries the bound address")),
+                None => Err(format!("the daemon wrote:\n{}", lines.join("\n"))),
+            }
+        },
+    )
+    .await;
+    (daemon, addr)
 }
 
 /// The endpoint's URL over TLS (the certificate names 127.0.0.1 too).
