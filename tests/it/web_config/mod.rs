@@ -6,6 +6,7 @@
 
 mod agreement;
 mod client_auth;
+mod corpus;
 mod curl_status;
 mod prometheus_scrape;
 mod reload;

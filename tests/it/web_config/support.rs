@@ -175,7 +175,7 @@ impl Pki {
 
     /// Runs `openssl args` in the PKI's directory (under `faketime` 400 days
     /// back when `back_in_time`), failing the test with what it said.
-    fn openssl(&self, args: &[&str], back_in_time: bool) {
+    pub fn openssl(&self, args: &[&str], back_in_time: bool) {
         let openssl = tool("openssl", "openssl");
         let mut cmd = if back_in_time {
             let mut c = Command::new(tool("faketime", "faketime"));
