@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::{StatsdCapture, TestDb, events};
 use crate::web_config::support::{
-    Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, tls_config,
-    users, write_config,
+    Fetched, PASSWORD, Pki, Session, USER, arg, bcrypt, curl, daemon_with_web_config, https_url,
+    s_client_get, tls_config, users, write_config,
 };
 
 /// What each kind of client gets: `true` for a 200, `false` for a failed
@@ -131,7 +131,8 @@ async fn each_client_auth_type_admits_whom_the_toolkit_does() {
 }
 
 /// The client CA file replaced while running: the next connection is
-/// verified against the new CA, as the server certificate is re-read.
+/// verified against the new CA, as the server certificate is re-read, and
+/// a TLS session the old CA let in is not resumed past the change.
 #[tokio::test]
 async fn replaced_client_ca_applies_to_the_next_connection() {
     let db = TestDb::new().await;
@@ -154,6 +155,36 @@ async fn replaced_client_ca_applies_to_the_next_connection() {
     let wrong = judge("the first client CA", &got, &before);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 
+    // A session made with the first CA resumes, with no certificate shown.
+    let (ca, sessions) = (pki.path("ca.crt"), pki.path("session.pem"));
+    let (cert, key, session) = (
+        arg(pki.path("client.crt")),
+        arg(pki.path("client.key")),
+        arg(sessions.clone()),
+    );
+    let first = s_client_get(
+        addr.port(),
+        &ca,
+        &["-cert", &cert, "-key", &key, "-sess_out", &session],
+    )
+    .await;
+    let resumed = s_client_get(
+        addr.port(),
+        &ca,
+        &["-sess_in", &session, "-sess_out", &session],
+    )
+    .await;
+    assert_eq!(
+        (first.ok, resumed),
+        (
+            true,
+            Session {
+                resumed: true,
+                ok: true
+            }
+        )
+    );
+
     let loaded = events(&daemon.lines(), "web_config_loaded").len();
     let tmp = pki.path("clients.crt.new");
     std::fs::copy(pki.path("rogue-ca.crt"), &tmp).unwrap();
@@ -166,6 +197,12 @@ async fn replaced_client_ca_applies_to_the_next_connection() {
     let got = three_clients(&pki, &https_url(addr)).await;
     let wrong = judge("the replaced client CA", &got, &after);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // Nor does a session the old CA let in outlive it.
+    let stale = s_client_get(addr.port(), &ca, &["-sess_in", &session]).await;
+    assert!(
+        !stale.ok,
+        "a session from before the CA change got in: {stale:?}"
+    );
     daemon
         .wait_for_events("web_config_loaded", loaded + 1, Duration::from_secs(10))
         .await;

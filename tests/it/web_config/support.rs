@@ -474,3 +474,45 @@ pub fn peak_rss_kib(pid: i32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM in /proc/PID/status")
 }
+
+/// What one `openssl s_client` request for /metrics got: whether the TLS
+/// session was resumed, and whether the answer was a 200.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Session {
+    pub resumed: bool,
+    pub ok: bool,
+}
+
+/// `GET /metrics` over `openssl s_client` to loopback `port`, trusting
+/// `ca`, with `args` (`-cert`/`-key`, `-sess_out FILE`, `-sess_in FILE`).
+pub async fn s_client_get(port: u16, ca: &Path, args: &[&str]) -> Session {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = tokio::process::Command::new(tool("openssl", "openssl"))
+        .args(["s_client", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["-servername", "localhost", "-ign_eof", "-CAfile"])
+        .arg(ca)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("running openssl s_client");
+    let mut stdin = child.stdin.take().unwrap();
+    // The request goes out once the handshake is done; `-ign_eof` keeps the
+    // client until the server closes, so the whole answer is read.
+    let _ = stdin
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await;
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(15), child.wait_with_output())
+        .await
+        .expect("s_client finishes within 15 s")
+        .expect("s_client output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    Session {
+        resumed: text.lines().any(|l| l.starts_with("Reused,")),
+        ok: text.lines().any(|l| l.starts_with("HTTP/1.1 200")),
+    }
+}
