@@ -308,6 +308,9 @@ pub enum Command {
     /// systemd's ExecStartPre. Never prints secrets. With ETCDCTL_ENDPOINTS
     /// set, three etcd lines come first (etcd, etcd lock keys, etcd claims),
     /// and the PostgreSQL checks follow only when a database is named too.
+    /// With LEASE_SWEEPER_WEB_CONFIG_FILE set, a last line, `metrics endpoint
+    /// web config`, reads that file as `run` would (FAIL where `run` would not
+    /// start; warn for an expired server certificate).
     #[command(after_help = page(CHECK_HEAD, "check", CHECK_TAIL))]
     Check,
 

@@ -7,7 +7,8 @@
 //! never prints a password (`DbTarget::display` and its redactor). Adding an
 //! item is one line in `inventory`'s `EXPECTED` or `GRANTS`; `connection`
 //! reaches the database and StatsD, `schema` asks once connected (through
-//! `pg::catalog`'s statements), `report` words the lines. It does not decide
+//! `pg::catalog`'s statements), `web` reads the metrics endpoint's web
+//! configuration file as `run` would, `report` words the lines. It does not decide
 //! whether a failed check blocks the daemon (the unit file does).
 
 use std::process::ExitCode;

@@ -273,7 +273,19 @@ impl Watch {
     /// do either is refused, so the endpoint never drops to plain HTTP.
     pub fn current(&mut self) -> (Arc<Active>, Change) {
         let (digest, read) = read(&self.path);
-        if digest == self.active.digest || Some(digest) == self.last_bad {
+        if digest == self.active.digest {
+            // Back to the version in force after a rejected one: the repair
+            // is said, and a later break is a new problem to report.
+            let repaired = self.last_bad.take().is_some();
+            self.logged.clear();
+            let change = if repaired {
+                Change::Loaded
+            } else {
+                Change::None
+            };
+            return (self.active.clone(), change);
+        }
+        if Some(digest) == self.last_bad {
             return (self.active.clone(), Change::None);
         }
         let outcome = read.and_then(|pending| {
@@ -379,6 +391,21 @@ mod tests {
         let (active, change) = watch.current();
         assert_eq!(change, Change::Loaded);
         assert!(active.users.is_empty());
+    }
+
+    #[test]
+    fn a_break_after_a_repair_to_the_same_bytes_is_reported_again() {
+        let path = scratch("rebreak");
+        let good = format!("basic_auth_users:\n  alice: {HASH}\n");
+        std::fs::write(&path, &good).unwrap();
+        let mut watch = Watch::new(path.clone(), load(&path).unwrap());
+        std::fs::write(&path, "tls_server_config: [\n").unwrap();
+        assert!(matches!(watch.current().1, Change::Rejected(_)));
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(watch.current().1, Change::Loaded, "the repair is said");
+        assert_eq!(watch.current().1, Change::None);
+        std::fs::write(&path, "tls_server_config: [\n").unwrap();
+        assert!(matches!(watch.current().1, Change::Rejected(_)));
     }
 
     #[test]
