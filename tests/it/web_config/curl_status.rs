@@ -3,7 +3,8 @@
 //! 200 with all; 401 with `WWW-Authenticate: Basic` and the same body for a
 //! missing password, a wrong one and an unknown user; a failed TLS
 //! handshake without a client certificate, with one from another CA, or
-//! without trusting the server's CA; no HTTP answer at all over plain HTTP.
+//! without trusting the server's CA; no HTTP answer at all over plain HTTP;
+//! and as long to refuse an unknown user as a known one.
 
 use crate::support::{StatsdCapture, TestDb, events};
 use crate::web_config::support::{
@@ -218,5 +219,49 @@ async fn basic_auth_alone_serves_plain_http() {
     assert!(tls.failed_in_tls(), "{tls:?}");
     let (code, lines) = daemon.stop().await;
     assert_eq!(scheme(&lines), "http");
+    assert_eq!(code, Some(0));
+}
+
+/// An unknown user costs what a known one with a wrong password does, so
+/// timing does not tell who exists: at cost 10 (a bcrypt of tens of
+/// milliseconds) the medians stay within a factor of two, where skipping
+/// the comparison for an unknown user would answer in a fraction of it.
+#[tokio::test]
+async fn unknown_user_takes_as_long_as_a_wrong_password() {
+    const TRIES: usize = 7;
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let out = std::process::Command::new(crate::support::tool("htpasswd", "apache2-utils"))
+        .args(["-nbBC", "10", USER, PASSWORD])
+        .output()
+        .expect("running htpasswd");
+    let line = String::from_utf8(out.stdout).unwrap();
+    let hash = line.trim().split_once(':').unwrap().1.to_owned();
+    let web = write_config(&pki.dir, "web.yml", &users(&hash));
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let url = format!("http://{addr}/metrics");
+
+    let (mut known, mut unknown) = (Vec::new(), Vec::new());
+    for i in 0..TRIES {
+        // A new wrong password each time, so no cached verdict answers.
+        for (user, times) in [(USER, &mut known), ("nobody-here", &mut unknown)] {
+            let credentials = format!("{user}:wrong-{i}");
+            let started = std::time::Instant::now();
+            let got = curl(&url, &["--user", &credentials]).await;
+            times.push(started.elapsed());
+            assert_eq!(got.status, 401, "{user}: {got:?}");
+        }
+    }
+    known.sort();
+    unknown.sort();
+    let (known, unknown) = (known[TRIES / 2], unknown[TRIES / 2]);
+    let ratio = unknown.as_secs_f64() / known.as_secs_f64();
+    assert!(
+        (0.5..=2.0).contains(&ratio),
+        "median 401 for an unknown user {unknown:?}, for a known one {known:?}"
+    );
+    let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 }
