@@ -5,6 +5,7 @@
 //! while running, bad files at start, and the flood with TLS on.
 
 mod agreement;
+mod auth_flood;
 mod client_auth;
 mod corpus;
 mod curl_status;
