@@ -26,6 +26,27 @@ pub use file::{ClientAuth, Settings};
 /// The variable naming the file.
 pub const FILE_VAR: &str = "LEASE_SWEEPER_WEB_CONFIG_FILE";
 
+/// Largest file read (the web configuration file, a certificate, a key, a
+/// CA bundle): far above any real one, and a path mistakenly naming
+/// `/dev/zero` or a huge file fails instead of filling memory.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Reads at most `MAX_FILE_BYTES` of `path`; a longer file is an error.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_FILE_BYTES} bytes, so not what it should be"),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Distinct problems remembered (so each is logged once) until a good
 /// version loads; past it the memory is cleared rather than grown.
 const REMEMBERED_PROBLEMS: usize = 32;
@@ -142,7 +163,7 @@ fn read(path: &Path) -> ([u8; 32], Result<Pending, WebConfigError>) {
         field: field.to_owned(),
         problem,
     };
-    let bytes = match std::fs::read(path) {
+    let bytes = match read_bounded(path) {
         Ok(b) => b,
         Err(e) => {
             digest.update(e.to_string());
@@ -171,7 +192,7 @@ fn read(path: &Path) -> ([u8; 32], Result<Pending, WebConfigError>) {
         );
     };
     let named = |field: &str, p: &Path, digest: &mut Sha256| {
-        let read = std::fs::read(p);
+        let read = read_bounded(p);
         feed(digest, p, read.as_deref().map_err(|e| e.to_string()));
         read.map_err(|e| {
             fail(
@@ -353,6 +374,21 @@ mod tests {
         assert_eq!(e.field, "(file)");
         assert!(e.to_string().contains(&path.display().to_string()));
         assert!(e.to_string().contains(FILE_VAR));
+    }
+
+    #[test]
+    fn an_endless_file_is_refused_not_read_whole() {
+        let path = scratch("endless");
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: /dev/zero\n  key_file: /dev/zero\n",
+        )
+        .unwrap();
+        let e = load(&path).err().unwrap();
+        assert_eq!(e.field, "tls_server_config.cert_file");
+        assert!(e.problem.contains("larger than"), "{}", e.problem);
+        let e = load(Path::new("/dev/zero")).err().unwrap();
+        assert_eq!(e.field, "(file)");
     }
 
     #[test]
