@@ -7,9 +7,9 @@
 //! and keeping the configuration current: `Watch::current` is asked once
 //! per connection, re-reads the files, and rebuilds only when their bytes
 //! changed. A version that fails keeps the last good one serving (never
-//! plain HTTP, never no auth) and is logged once per distinct problem.
-//! It does not serve (`scrape` does) and does not read the environment
-//! (`config` does).
+//! plain HTTP, never no auth) and is reported once per distinct problem
+//! (again after the file is good once more). It does not serve or log
+//! (`scrape` does) and does not read the environment (`config` does).
 
 pub mod auth;
 pub mod file;
