@@ -357,19 +357,35 @@ mod tests {
 
     const HASH: &str = "$2y$04$abcdefghijklmnopqrstuuJm1Dm3MjfPW1l0nOmNFSMdHGhFu7q6a";
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A directory of its own for one test, removed when the test ends.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn file(&self) -> PathBuf {
+            self.0.join("web.yml")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!(
             "lease-sweeper-web-config-{name}-{}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir.join("web.yml")
+        Scratch(dir)
     }
 
     #[test]
     fn an_unreadable_file_names_itself() {
-        let path = scratch("missing");
+        let dir = scratch("missing");
+        let path = dir.file();
         let e = load(&path).err().unwrap();
         assert_eq!(e.field, "(file)");
         assert!(e.to_string().contains(&path.display().to_string()));
@@ -378,7 +394,8 @@ mod tests {
 
     #[test]
     fn an_endless_file_is_refused_not_read_whole() {
-        let path = scratch("endless");
+        let dir = scratch("endless");
+        let path = dir.file();
         std::fs::write(
             &path,
             "tls_server_config:\n  cert_file: /dev/zero\n  key_file: /dev/zero\n",
@@ -393,7 +410,8 @@ mod tests {
 
     #[test]
     fn a_missing_certificate_names_the_field_and_the_path() {
-        let path = scratch("nocert");
+        let dir = scratch("nocert");
+        let path = dir.file();
         std::fs::write(
             &path,
             "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n",
@@ -406,7 +424,8 @@ mod tests {
 
     #[test]
     fn a_bad_change_keeps_the_last_good_version_and_is_reported_once() {
-        let path = scratch("watch");
+        let dir = scratch("watch");
+        let path = dir.file();
         std::fs::write(&path, format!("basic_auth_users:\n  alice: {HASH}\n")).unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
         assert_eq!(watch.current().1, Change::None);
@@ -431,7 +450,8 @@ mod tests {
 
     #[test]
     fn a_break_after_a_repair_to_the_same_bytes_is_reported_again() {
-        let path = scratch("rebreak");
+        let dir = scratch("rebreak");
+        let path = dir.file();
         let good = format!("basic_auth_users:\n  alice: {HASH}\n");
         std::fs::write(&path, &good).unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
@@ -446,7 +466,8 @@ mod tests {
 
     #[test]
     fn turning_tls_on_while_running_is_refused() {
-        let path = scratch("mode");
+        let dir = scratch("mode");
+        let path = dir.file();
         std::fs::write(&path, "").unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
         std::fs::write(
@@ -461,7 +482,8 @@ mod tests {
 
     #[test]
     fn errors_never_carry_the_hash() {
-        let path = scratch("secret");
+        let dir = scratch("secret");
+        let path = dir.file();
         let short = "$2y$10$tooshortbutsecret";
         std::fs::write(&path, format!("basic_auth_users:\n  alice: '{short}'\n")).unwrap();
         let e = load(&path).err().unwrap();
