@@ -269,7 +269,7 @@ async fn answer(
     for (name, value) in &active.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value.as_bytes()),
         ) {
             response.headers_mut().insert(name, value);
         }
