@@ -59,8 +59,9 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 
 /// How long a client may take to send its request head, counted from the
-/// connection's start: a connection that sends nothing (or a byte a second)
-/// is closed after this.
+/// connection's start (under TLS: from the handshake's end; the handshake
+/// has this long too): a connection that sends nothing (or a byte a
+/// second) is closed after this.
 pub const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest a connection lives, request and response together; a client
@@ -269,7 +270,7 @@ async fn answer(
     for (name, value) in &active.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(value.as_bytes()),
         ) {
             response.headers_mut().insert(name, value);
         }

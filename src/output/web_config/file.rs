@@ -385,7 +385,7 @@ pub fn validate_headers(
                 format!("value {value:?} not allowed; use one of {allowed:?}"),
             ));
         }
-        if hyper::header::HeaderValue::from_str(value).is_err() {
+        if hyper::header::HeaderValue::from_bytes(value.as_bytes()).is_err() {
             return Err(FieldError::new(
                 field,
                 "the value has characters a header cannot carry (a line break, say)",
@@ -772,6 +772,13 @@ mod tests {
             parse_str("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n")
                 .is_err()
         );
+        // Any byte a header can carry, UTF-8 included; a line break cannot be.
+        let csp = |v: &str| {
+            format!("http_server_config:\n  headers:\n    Content-Security-Policy: {v}\n")
+        };
+        assert!(parse_str(&csp("\"default-src é\"")).is_ok());
+        let p = problem_of(&csp("\"a\\nb\""));
+        assert!(p.contains("line break"), "{p}");
     }
 
     #[test]

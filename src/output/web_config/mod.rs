@@ -7,9 +7,9 @@
 //! and keeping the configuration current: `Watch::current` is asked once
 //! per connection, re-reads the files, and rebuilds only when their bytes
 //! changed. A version that fails keeps the last good one serving (never
-//! plain HTTP, never no auth) and is logged once per distinct problem.
-//! It does not serve (`scrape` does) and does not read the environment
-//! (`config` does).
+//! plain HTTP, never no auth) and is reported once per distinct problem
+//! (again after the file is good once more). It does not serve or log
+//! (`scrape` does) and does not read the environment (`config` does).
 
 pub mod auth;
 pub mod file;
@@ -25,6 +25,27 @@ pub use file::{ClientAuth, Settings};
 
 /// The variable naming the file.
 pub const FILE_VAR: &str = "LEASE_SWEEPER_WEB_CONFIG_FILE";
+
+/// Largest file read (the web configuration file, a certificate, a key, a
+/// CA bundle): far above any real one, and a path mistakenly naming
+/// `/dev/zero` or a huge file fails instead of filling memory.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Reads at most `MAX_FILE_BYTES` of `path`; a longer file is an error.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_FILE_BYTES} bytes, so not what it should be"),
+        ));
+    }
+    Ok(bytes)
+}
 
 /// Distinct problems remembered (so each is logged once) until a good
 /// version loads; past it the memory is cleared rather than grown.
@@ -142,7 +163,7 @@ fn read(path: &Path) -> ([u8; 32], Result<Pending, WebConfigError>) {
         field: field.to_owned(),
         problem,
     };
-    let bytes = match std::fs::read(path) {
+    let bytes = match read_bounded(path) {
         Ok(b) => b,
         Err(e) => {
             digest.update(e.to_string());
@@ -171,7 +192,7 @@ fn read(path: &Path) -> ([u8; 32], Result<Pending, WebConfigError>) {
         );
     };
     let named = |field: &str, p: &Path, digest: &mut Sha256| {
-        let read = std::fs::read(p);
+        let read = read_bounded(p);
         feed(digest, p, read.as_deref().map_err(|e| e.to_string()));
         read.map_err(|e| {
             fail(
@@ -336,19 +357,35 @@ mod tests {
 
     const HASH: &str = "$2y$04$abcdefghijklmnopqrstuuJm1Dm3MjfPW1l0nOmNFSMdHGhFu7q6a";
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A directory of its own for one test, removed when the test ends.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn file(&self) -> PathBuf {
+            self.0.join("web.yml")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!(
             "lease-sweeper-web-config-{name}-{}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir.join("web.yml")
+        Scratch(dir)
     }
 
     #[test]
     fn an_unreadable_file_names_itself() {
-        let path = scratch("missing");
+        let dir = scratch("missing");
+        let path = dir.file();
         let e = load(&path).err().unwrap();
         assert_eq!(e.field, "(file)");
         assert!(e.to_string().contains(&path.display().to_string()));
@@ -356,8 +393,25 @@ mod tests {
     }
 
     #[test]
+    fn an_endless_file_is_refused_not_read_whole() {
+        let dir = scratch("endless");
+        let path = dir.file();
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: /dev/zero\n  key_file: /dev/zero\n",
+        )
+        .unwrap();
+        let e = load(&path).err().unwrap();
+        assert_eq!(e.field, "tls_server_config.cert_file");
+        assert!(e.problem.contains("larger than"), "{}", e.problem);
+        let e = load(Path::new("/dev/zero")).err().unwrap();
+        assert_eq!(e.field, "(file)");
+    }
+
+    #[test]
     fn a_missing_certificate_names_the_field_and_the_path() {
-        let path = scratch("nocert");
+        let dir = scratch("nocert");
+        let path = dir.file();
         std::fs::write(
             &path,
             "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n",
@@ -370,7 +424,8 @@ mod tests {
 
     #[test]
     fn a_bad_change_keeps_the_last_good_version_and_is_reported_once() {
-        let path = scratch("watch");
+        let dir = scratch("watch");
+        let path = dir.file();
         std::fs::write(&path, format!("basic_auth_users:\n  alice: {HASH}\n")).unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
         assert_eq!(watch.current().1, Change::None);
@@ -395,7 +450,8 @@ mod tests {
 
     #[test]
     fn a_break_after_a_repair_to_the_same_bytes_is_reported_again() {
-        let path = scratch("rebreak");
+        let dir = scratch("rebreak");
+        let path = dir.file();
         let good = format!("basic_auth_users:\n  alice: {HASH}\n");
         std::fs::write(&path, &good).unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
@@ -410,7 +466,8 @@ mod tests {
 
     #[test]
     fn turning_tls_on_while_running_is_refused() {
-        let path = scratch("mode");
+        let dir = scratch("mode");
+        let path = dir.file();
         std::fs::write(&path, "").unwrap();
         let mut watch = Watch::new(path.clone(), load(&path).unwrap());
         std::fs::write(
@@ -425,7 +482,8 @@ mod tests {
 
     #[test]
     fn errors_never_carry_the_hash() {
-        let path = scratch("secret");
+        let dir = scratch("secret");
+        let path = dir.file();
         let short = "$2y$10$tooshortbutsecret";
         std::fs::write(&path, format!("basic_auth_users:\n  alice: '{short}'\n")).unwrap();
         let e = load(&path).err().unwrap();
