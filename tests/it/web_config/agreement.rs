@@ -146,13 +146,14 @@ async fn unreadable_file_is_refused_by_both() {
 
 /// What the toolkit accepts and the daemon cannot serve (rustls has no
 /// TLS 1.0 or 1.1, no P-521, no CBC or RSA key-exchange suites; versions
-/// that leave no suite): `check` refuses each, naming what it cannot do,
-/// rather than quietly serving something else. The only disagreements.
+/// that leave no suite; no header carries a line break): `check` refuses
+/// each, naming what it cannot do, rather than quietly serving something
+/// else. The only disagreements.
 #[tokio::test]
-async fn what_rustls_cannot_serve_is_refused_by_name() {
+async fn what_the_daemon_cannot_serve_is_refused_by_name() {
     let db = TestDb::new().await;
     let pki = Pki::new();
-    let cases: [(&str, &[&str]); 7] = [
+    let cases: [(&str, &[&str]); 9] = [
         (
             "  cipher_suites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n",
             &["cipher_suites", "TLS_RSA_WITH_AES_128_CBC_SHA"],
@@ -175,9 +176,23 @@ async fn what_rustls_cannot_serve_is_refused_by_name() {
             "  cipher_suites: [TLS_AES_128_GCM_SHA256]\n  max_version: TLS12\n",
             &["cipher_suites"],
         ),
+        (
+            "http_server_config:\n  headers:\n    Content-Security-Policy: \"a\\r\\nX-Injected: 1\"\n",
+            &["http_server_config.headers.Content-Security-Policy"],
+        ),
+        (
+            "http_server_config:\n  headers:\n    X-XSS-Protection: \"1\\0\"\n",
+            &["X-XSS-Protection"],
+        ),
     ];
     for (extra, words) in cases {
-        let file = write_config(&pki.dir, "web.yml", &tls(extra));
+        // TLS lines are added to the server's TLS section; others stand alone.
+        let text = if extra.starts_with("  ") {
+            tls(extra)
+        } else {
+            extra.to_owned()
+        };
+        let file = write_config(&pki.dir, "web.yml", &text);
         let (accepted, said) = promtool_accepts(&file, None, &pki.dir);
         assert!(accepted, "{extra}: the toolkit's verdict changed: {said}");
         let line = check_web_config(&db.url, &file, None, &pki.dir).await;

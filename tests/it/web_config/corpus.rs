@@ -487,6 +487,12 @@ pub fn corpus(hash: &str) -> Vec<Case> {
             false,
             &["basic_auth_users", "scraper"],
         ),
+        case(
+            "header-value-utf-8",
+            "http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'self'; report-to café\"\n",
+            true,
+            &[],
+        ),
     ];
     cases.sort_by_key(|c| c.name);
     cases
