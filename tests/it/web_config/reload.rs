@@ -4,7 +4,8 @@
 //! password applies to the next request; a file broken while running keeps
 //! the last good configuration (still TLS, still the password, never plain
 //! HTTP or no auth, even when emptied) and is reported once per distinct
-//! problem, and again when it comes back after a repair.
+//! problem, and again when it comes back after a repair; a rotation to an
+//! expired certificate is served with one warning.
 
 use std::path::Path;
 use std::time::Duration;
@@ -334,4 +335,42 @@ async fn broken_file_keeps_the_last_good_config() {
         "each break once"
     );
     assert_eq!(events(&lines, "web_config_loaded").len(), loaded + 1);
+}
+
+/// A certificate rotated to one already expired is served (as the toolkit
+/// would) and said once, with when it ran out.
+#[tokio::test]
+async fn rotating_to_an_expired_certificate_warns_once() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(&pki.dir, "web.yml", &live_config(&pki, ""));
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    assert!(events(&daemon.lines(), "web_config_certificate_expired").is_empty());
+
+    replace(&pki.path("expired.key"), &pki.path("live.key"));
+    replace(&pki.path("expired.crt"), &pki.path("live.crt"));
+    for _ in 0..3 {
+        assert_eq!(
+            served_certificate(addr.port()).await.as_deref(),
+            Some(pki.text("expired.crt").as_str())
+        );
+    }
+    daemon
+        .wait_for_event("web_config_certificate_expired", Duration::from_secs(10))
+        .await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    let warned = events(&lines, "web_config_certificate_expired");
+    assert_eq!(warned.len(), 1, "{lines:?}");
+    assert!(
+        warned[0]["notAfter"].starts_with(&pki.not_after("expired.crt")),
+        "{:?}",
+        warned[0]
+    );
+    assert!(
+        events(&lines, "web_config_rejected").is_empty(),
+        "{lines:?}"
+    );
 }

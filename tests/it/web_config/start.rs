@@ -132,6 +132,16 @@ async fn web_config_without_the_address_is_a_configuration_error() {
         error.contains(WEB_CONFIG_VAR) && error.contains(ADDR_VAR),
         "{error}"
     );
+
+    // `check` reads the same variables and refuses them the same way.
+    let mut check = Daemon::spawn_args(&["check"], &env);
+    let (code, _) = check.wait_exit(Duration::from_secs(20)).await;
+    let output = check.lines().join("\n");
+    assert_eq!(code, Some(2), "{output}");
+    assert!(
+        output.contains(WEB_CONFIG_VAR) && output.contains(ADDR_VAR),
+        "{output}"
+    );
 }
 
 #[tokio::test]
