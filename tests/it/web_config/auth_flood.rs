@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::support::{StatsdCapture, TestDb, count, events, tool, wait_until};
+use crate::support::{StatsdCapture, TestDb, count, events, wait_until};
 use crate::web_config::support::{
-    PASSWORD, Pki, USER, daemon_with_web_config, peak_rss_kib, users, write_config,
+    PASSWORD, Pki, USER, daemon_with_web_config, htpasswd, peak_rss_kib, users, write_config,
 };
 
 const LEASES: i64 = 5_000;
@@ -25,7 +25,7 @@ const LEAD_MS: i64 = 1_000;
 const GUESSERS: usize = 64;
 const FLOOD: Duration = Duration::from_secs(12);
 /// htpasswd's cost when an operator asks for more than its default.
-const COST: &str = "10";
+const COST: u32 = 10;
 /// The flood tests' bounds.
 const MAX_RSS_KIB: u64 = 32 * 1024;
 const MAX_OVERDUE_MS: i64 = 5_000;
@@ -65,12 +65,7 @@ async fn wrong_password_flood_never_delays_an_expiry() {
     let mut conn = db.connect().await;
     let port = statsd.port.to_string();
     let pki = Pki::new();
-    let out = std::process::Command::new(tool("htpasswd", "apache2-utils"))
-        .args(["-nbBC", COST, USER, PASSWORD])
-        .output()
-        .expect("running htpasswd");
-    let line = String::from_utf8(out.stdout).unwrap();
-    let hash = line.trim().split_once(':').unwrap().1.to_owned();
+    let hash = htpasswd(USER, PASSWORD, COST);
     let web = write_config(&pki.dir, "web.yml", &users(&hash));
     let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
     let pid = daemon.pid();

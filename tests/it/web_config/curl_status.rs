@@ -4,12 +4,13 @@
 //! missing password, a wrong one and an unknown user; a failed TLS
 //! handshake without a client certificate, with one from another CA, or
 //! without trusting the server's CA; no HTTP answer at all over plain HTTP;
-//! and as long to refuse an unknown user as a known one.
+//! as long to refuse an unknown user as a known one; and credentials read
+//! as Go's `Request.BasicAuth` reads them.
 
 use crate::support::{StatsdCapture, TestDb, events};
 use crate::web_config::support::{
-    Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, tls_config,
-    users, write_config,
+    Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, htpasswd, https_url,
+    tls_config, users, write_config,
 };
 
 /// The scheme the daemon said it listens with.
@@ -233,12 +234,7 @@ async fn unknown_user_takes_as_long_as_a_wrong_password() {
     let statsd = StatsdCapture::start().await;
     let port = statsd.port.to_string();
     let pki = Pki::new();
-    let out = std::process::Command::new(crate::support::tool("htpasswd", "apache2-utils"))
-        .args(["-nbBC", "10", USER, PASSWORD])
-        .output()
-        .expect("running htpasswd");
-    let line = String::from_utf8(out.stdout).unwrap();
-    let hash = line.trim().split_once(':').unwrap().1.to_owned();
+    let hash = htpasswd(USER, PASSWORD, 10);
     let web = write_config(&pki.dir, "web.yml", &users(&hash));
     let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
     let url = format!("http://{addr}/metrics");
@@ -262,6 +258,86 @@ async fn unknown_user_takes_as_long_as_a_wrong_password() {
         (0.5..=2.0).contains(&ratio),
         "median 401 for an unknown user {unknown:?}, for a known one {known:?}"
     );
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// Credentials read as Go's `Request.BasicAuth` reads them: the scheme in
+/// any case, the password after the first colon (so it may hold colons),
+/// UTF-8 names and passwords; padded base64 only, one space, the first
+/// header. Anything else is a 401, never a 400 or a 500.
+#[tokio::test]
+async fn basic_credentials_are_read_as_the_toolkit_reads_them() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &format!(
+            "basic_auth_users:\n  colon: '{}'\n  'ü': '{}'\n",
+            htpasswd("colon", "pa:ss", 4),
+            htpasswd("ü", "pässwörd", 4)
+        ),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let url = format!("http://{addr}/metrics");
+    let b64 = |s: &str| {
+        let out = std::process::Command::new(crate::support::tool("base64", "coreutils"))
+            .args(["-w", "0"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                std::io::Write::write_all(&mut child.stdin.take().unwrap(), s.as_bytes())?;
+                child.wait_with_output()
+            })
+            .expect("running base64");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let good = b64("colon:pa:ss");
+    let cases = [
+        ("a password with a colon", format!("Basic {good}"), 200),
+        (
+            "UTF-8 name and password",
+            format!("Basic {}", b64("ü:pässwörd")),
+            200,
+        ),
+        ("the scheme in lower case", format!("basic {good}"), 200),
+        ("the scheme in upper case", format!("BASIC {good}"), 200),
+        ("three spaces", format!("Basic   {good}"), 401),
+        (
+            "base64 without padding",
+            format!("Basic {}", good.trim_end_matches('=')),
+            401,
+        ),
+        ("not base64", "Basic !!!".to_owned(), 401),
+        ("no colon", format!("Basic {}", b64("colonpa")), 401),
+        ("another scheme", "Bearer abc".to_owned(), 401),
+        ("nothing", String::new(), 401),
+    ];
+    let mut wrong = Vec::new();
+    for (what, header, status) in &cases {
+        let got = curl(&url, &["-H", &format!("Authorization: {header}")]).await;
+        if got.status != *status {
+            wrong.push(format!("{what}: wanted {status}, got {got:?}"));
+        }
+    }
+    let first_wins = curl(
+        &url,
+        &[
+            "-H",
+            &format!("Authorization: Basic {}", b64("colon:wrong")),
+            "-H",
+            &format!("Authorization: Basic {good}"),
+        ],
+    )
+    .await;
+    if first_wins.status != 401 {
+        wrong.push(format!("two headers, the first wrong: {first_wins:?}"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 }

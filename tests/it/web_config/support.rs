@@ -208,18 +208,23 @@ pub fn readable(path: &Path) {
 /// The bcrypt hash `htpasswd` makes of `password` at cost 4 (`$2y$04$…`):
 /// the lowest cost the toolkit accepts, so the tests stay quick.
 pub fn bcrypt(password: &str) -> String {
+    htpasswd(USER, password, 4)
+}
+
+/// The bcrypt hash `htpasswd` makes for `user` and `password` at `cost`.
+pub fn htpasswd(user: &str, password: &str, cost: u32) -> String {
     let out = Command::new(tool("htpasswd", "apache2-utils"))
-        .args(["-nbBC", "4", USER, password])
+        .args(["-nbBC", &cost.to_string(), user, password])
         .output()
         .expect("running htpasswd");
     assert!(out.status.success(), "htpasswd failed");
     let line = String::from_utf8(out.stdout).unwrap();
     let hash = line
         .trim()
-        .strip_prefix(&format!("{USER}:"))
+        .strip_prefix(&format!("{user}:"))
         .expect("htpasswd prints user:hash")
         .to_owned();
-    assert!(hash.starts_with("$2y$04$"), "{hash}");
+    assert!(hash.starts_with(&format!("$2y${cost:02}$")), "{hash}");
     hash
 }
 
