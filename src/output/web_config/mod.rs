@@ -465,6 +465,37 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_certificate_or_key_is_a_new_version() {
+        let dir = scratch("rotate");
+        let path = dir.file();
+        let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/output/web_config/testdata");
+        let put = |name: &str, from: &str| {
+            std::fs::copy(testdata.join(from), dir.0.join(name)).unwrap();
+        };
+        put("c.pem", "server.crt");
+        put("k.pem", "server.key");
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n",
+        )
+        .unwrap();
+        let mut watch = Watch::new(path.clone(), load(&path).unwrap());
+        assert_eq!(watch.current().1, Change::None);
+        // Half-way through a rotation: the old key with the new certificate.
+        put("c.pem", "expired.crt");
+        let (active, change) = watch.current();
+        let Change::Rejected(e) = change else {
+            panic!("not rejected: {change:?}")
+        };
+        assert_eq!(e.field, "tls_server_config.key_file");
+        assert!(!active.expired, "the last good pair serves on");
+        put("k.pem", "expired.key");
+        let (active, change) = watch.current();
+        assert_eq!(change, Change::Loaded);
+        assert!(active.expired);
+    }
+
+    #[test]
     fn turning_tls_on_while_running_is_refused() {
         let dir = scratch("mode");
         let path = dir.file();
