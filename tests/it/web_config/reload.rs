@@ -5,7 +5,8 @@
 //! the last good configuration (still TLS, still the password, never plain
 //! HTTP or no auth, even when emptied) and is reported once per distinct
 //! problem, and again when it comes back after a repair; a rotation to an
-//! expired certificate is served with one warning.
+//! expired certificate is served with one warning; TLS is not turned on by
+//! an edit.
 
 use std::path::Path;
 use std::time::Duration;
@@ -372,5 +373,44 @@ async fn rotating_to_an_expired_certificate_warns_once() {
     assert!(
         events(&lines, "web_config_rejected").is_empty(),
         "{lines:?}"
+    );
+}
+
+/// Started without TLS, the endpoint is not switched to TLS by an edit (it
+/// takes a restart, as for the toolkit): the edit is rejected and the
+/// endpoint stays as it was, password included.
+#[tokio::test]
+async fn tls_is_not_turned_on_while_running() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let auth = users(&bcrypt(PASSWORD));
+    let web = write_config(&pki.dir, "web.yml", &auth);
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let plain = format!("http://{addr}/metrics");
+    let good = format!("{USER}:{PASSWORD}");
+    assert_eq!(curl(&plain, &["--user", &good]).await.status, 200);
+
+    write_config(&pki.dir, "web.yml", &live_config(&pki, &auth));
+    let (after, ca) = (
+        curl(&plain, &["--user", &good]).await,
+        arg(pki.path("ca.crt")),
+    );
+    assert_eq!((after.exit, after.status), (0, 200), "{after:?}");
+    assert_eq!(curl(&plain, &[]).await.status, 401);
+    let tls = curl(&https_url(addr), &["--cacert", &ca, "--user", &good]).await;
+    assert!(tls.failed_in_tls(), "{tls:?}");
+    daemon
+        .wait_for_event("web_config_rejected", Duration::from_secs(10))
+        .await;
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    let rejected = events(&lines, "web_config_rejected");
+    assert_eq!(rejected.len(), 1, "{lines:?}");
+    assert!(
+        rejected[0]["error"].contains("tls_server_config"),
+        "{:?}",
+        rejected[0]
     );
 }
