@@ -4,7 +4,8 @@
 //! requests with a wrong password and scrapes with the right one. The sweep
 //! must not notice: every expiry reported exactly once and on time, the
 //! daemon small, every held connection closed by it, every wrong password
-//! answered 401 and never 200.
+//! answered 401 and never 200. Sessions idle after their handshake are
+//! closed by the daemon too.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -254,4 +255,63 @@ async fn scrapes(addr: SocketAddr, ca: String, until: Instant, tally: Arc<Tally>
             tally.scrapes.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// TLS sessions that finish the handshake and then send nothing, or half a
+/// request head: the daemon closes each itself, within the flood tests'
+/// fifteen seconds, and serves a scrape meanwhile.
+#[tokio::test]
+async fn idle_tls_sessions_are_closed_by_the_daemon() {
+    const SESSIONS: usize = 20;
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(
+        &pki.dir,
+        "web.yml",
+        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
+    );
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let ca = arg(pki.path("ca.crt"));
+    let started = Instant::now();
+    let mut sessions = Vec::new();
+    for i in 0..SESSIONS {
+        let mut child = tokio::process::Command::new(crate::support::tool("openssl", "openssl"))
+            .args([
+                "s_client",
+                "-quiet",
+                "-connect",
+                &addr.to_string(),
+                "-CAfile",
+                &ca,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("running openssl s_client");
+        let mut stdin = child.stdin.take().unwrap();
+        if i % 2 == 1 {
+            // Half a head, then nothing more; stdin stays open either way.
+            let _ = stdin
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                .await;
+        }
+        sessions.push((child, stdin));
+    }
+    let good = format!("{USER}:{PASSWORD}");
+    let scrape = curl(&https_url(addr), &["--cacert", &ca, "--user", &good]).await;
+    assert_eq!((scrape.exit, scrape.status), (0, 200), "{scrape:?}");
+    let mut still_open = 0;
+    for (mut child, _stdin) in sessions {
+        let left = Duration::from_secs(15).saturating_sub(started.elapsed());
+        if tokio::time::timeout(left, child.wait()).await.is_err() {
+            still_open += 1;
+        }
+    }
+    assert_eq!(still_open, 0, "TLS sessions the daemon never closed");
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
 }
