@@ -56,6 +56,7 @@ fn basic(credentials: &str) -> String {
 
 #[tokio::test]
 async fn wrong_password_flood_never_delays_an_expiry() {
+    let _alone = crate::web_config::support::ONE_FLOOD_AT_A_TIME.lock().await;
     assert_eq!(
         basic("scraper:correct-horse-7"),
         "c2NyYXBlcjpjb3JyZWN0LWhvcnNlLTc="

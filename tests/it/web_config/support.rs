@@ -521,3 +521,8 @@ pub async fn s_client_get(port: u16, ca: &Path, args: &[&str]) -> Session {
         ok: text.lines().any(|l| l.starts_with("HTTP/1.1 200")),
     }
 }
+
+/// Held by each flood test for its whole run, so two floods never overlap:
+/// each bounds how late the sweep runs under its own load, not under the
+/// other's on top (the machine has two cores).
+pub static ONE_FLOOD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

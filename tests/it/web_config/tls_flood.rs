@@ -61,6 +61,7 @@ struct Tally {
 
 #[tokio::test]
 async fn tls_flood_never_delays_an_expiry() {
+    let _alone = crate::web_config::support::ONE_FLOOD_AT_A_TIME.lock().await;
     let db = TestDb::new().await;
     let statsd = StatsdCapture::start().await;
     let mut conn = db.connect().await;
