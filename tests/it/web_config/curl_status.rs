@@ -4,8 +4,9 @@
 //! missing password, a wrong one and an unknown user; a failed TLS
 //! handshake without a client certificate, with one from another CA, or
 //! without trusting the server's CA; no HTTP answer at all over plain HTTP;
-//! as long to refuse an unknown user as a known one; and credentials read
-//! as Go's `Request.BasicAuth` reads them.
+//! as long to refuse an unknown user as a known one; a good password's
+//! verdict cached; and credentials read as Go's `Request.BasicAuth` reads
+//! them.
 
 use crate::support::{StatsdCapture, TestDb, events};
 use crate::web_config::support::{
@@ -338,6 +339,36 @@ async fn basic_credentials_are_read_as_the_toolkit_reads_them() {
         wrong.push(format!("two headers, the first wrong: {first_wins:?}"));
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// The right password's verdict is cached, as the toolkit caches it: at
+/// cost 12 the first request pays for a bcrypt, the next ones do not.
+#[tokio::test]
+async fn a_known_good_password_is_not_hashed_again() {
+    let db = TestDb::new().await;
+    let statsd = StatsdCapture::start().await;
+    let port = statsd.port.to_string();
+    let pki = Pki::new();
+    let web = write_config(&pki.dir, "web.yml", &users(&htpasswd(USER, PASSWORD, 12)));
+    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (url, good) = (
+        format!("http://{addr}/metrics"),
+        format!("{USER}:{PASSWORD}"),
+    );
+    let mut took = Vec::new();
+    for _ in 0..4 {
+        let started = std::time::Instant::now();
+        assert_eq!(curl(&url, &["--user", &good]).await.status, 200);
+        took.push(started.elapsed());
+    }
+    let slowest_again = *took[1..].iter().max().unwrap();
+    assert!(
+        slowest_again * 4 < took[0],
+        "the first request took {:?}, the later ones up to {slowest_again:?}",
+        took[0]
+    );
     let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
 }
