@@ -120,6 +120,15 @@ pub const ENVIRONMENT_TABLE: &[EnvVar] = &[
         read_by: &["run"],
     },
     EnvVar {
+        names: &["LEASE_SWEEPER_WEB_CONFIG_FILE"],
+        meaning: "Prometheus's web configuration file (what --web.config.file of node_exporter \
+                  reads) for the metrics endpoint: TLS, client certificates, Basic auth users \
+                  (bcrypt), security headers; re-read for each connection; needs \
+                  LEASE_SWEEPER_METRICS_ADDR (docs/metrics-and-logs.md)",
+        default: "unset: plain HTTP, no auth",
+        read_by: &["run", "check"],
+    },
+    EnvVar {
         names: &["LEASE_SWEEPER_HEARTBEAT_FILE"],
         meaning: "where run writes its liveness heartbeat and alive reads it (containers; \
                   docs/container.md)",
@@ -299,6 +308,9 @@ pub enum Command {
     /// systemd's ExecStartPre. Never prints secrets. With ETCDCTL_ENDPOINTS
     /// set, three etcd lines come first (etcd, etcd lock keys, etcd claims),
     /// and the PostgreSQL checks follow only when a database is named too.
+    /// With LEASE_SWEEPER_WEB_CONFIG_FILE set, a last line, `metrics endpoint
+    /// web config`, reads that file as `run` would (FAIL where `run` would not
+    /// start; warn for an expired server certificate).
     #[command(after_help = page(CHECK_HEAD, "check", CHECK_TAIL))]
     Check,
 

@@ -1,8 +1,9 @@
 //! The daemon's whole configuration: the environment, nothing else.
 //!
 //! Owns reading `LOCKDB_URL` / `DATABASE_URL` / libpq's `PG*` variables,
-//! etcdctl's `ETCDCTL_*` variables, `STATSD_HOST` / `STATSD_PORT` and
-//! `LEASE_SWEEPER_METRICS_ADDR`, and how the database and etcd are named in
+//! etcdctl's `ETCDCTL_*` variables, `STATSD_HOST` / `STATSD_PORT`,
+//! `LEASE_SWEEPER_METRICS_ADDR` and `LEASE_SWEEPER_WEB_CONFIG_FILE` (its
+//! name only: `output::web_config` reads the file), and how the database and etcd are named in
 //! messages (never with a password). It does not connect to anything. The sweep
 //! interval, batch size and metric tags are deliberately not configurable.
 
@@ -37,6 +38,12 @@ pub enum ConfigError {
     )]
     MetricsAddr(String),
     #[error(
+        "LEASE_SWEEPER_WEB_CONFIG_FILE is set but LEASE_SWEEPER_METRICS_ADDR is not: the web \
+         configuration file only applies to the metrics endpoint; set LEASE_SWEEPER_METRICS_ADDR \
+         to serve it, or unset LEASE_SWEEPER_WEB_CONFIG_FILE"
+    )]
+    WebConfigWithoutAddr,
+    #[error(
         "ETCDCTL_ENDPOINTS must be a comma-separated list of etcd client URLs such as \
          https://10.0.0.1:2379,https://10.0.0.2:2379 (or host:port), got {0:?}"
     )]
@@ -66,6 +73,22 @@ pub fn metrics_addr_from_env() -> Result<Option<std::net::SocketAddr>, ConfigErr
             .parse()
             .map(Some)
             .map_err(|_| ConfigError::MetricsAddr(v)),
+        _ => Ok(None),
+    }
+}
+
+/// `LEASE_SWEEPER_WEB_CONFIG_FILE`: the metrics endpoint's web
+/// configuration file (TLS, Basic auth, headers). Unset or empty, the
+/// endpoint is plain HTTP with no auth. `metrics_addr` is
+/// `metrics_addr_from_env`'s answer: the file means nothing without it.
+pub fn web_config_file_from_env(
+    metrics_addr: Option<std::net::SocketAddr>,
+) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    match std::env::var_os("LEASE_SWEEPER_WEB_CONFIG_FILE") {
+        Some(v) if !v.is_empty() => match metrics_addr {
+            Some(_) => Ok(Some(v.into())),
+            None => Err(ConfigError::WebConfigWithoutAddr),
+        },
         _ => Ok(None),
     }
 }

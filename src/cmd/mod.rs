@@ -2,7 +2,8 @@
 //! they log, this host's name, and the exit status.
 //!
 //! Errors leave as `anyhow` with context for `main` to report once; a
-//! `ConfigError` anywhere in the chain means exit 2.
+//! `ConfigError` (or a web configuration file `run` cannot use) anywhere in
+//! the chain means exit 2.
 
 mod alive;
 pub(crate) mod check;
@@ -85,6 +86,7 @@ pub fn exit_code_for(err: &anyhow::Error) -> ExitCode {
     let config = err.chain().any(|cause| {
         cause.is::<crate::config::ConfigError>()
             || cause.is::<crate::output::telemetry::FilterError>()
+            || cause.is::<crate::output::web_config::WebConfigError>()
     });
     if config {
         ExitCode::from(2)

@@ -4,9 +4,10 @@
 //! connection of its own, to PostgreSQL or etcd; the job reaper and the
 //! horizon check taking turns on one PostgreSQL connection, the horizon
 //! check outside the watchdog's loops), the signal lines, StatsD, the
-//! scrape endpoint when it is asked for, systemd and the shutdown signal,
-//! then waiting for every loop to stop. It owns no timing (`sweep::run`)
-//! and no SQL (`pg`).
+//! scrape endpoint when it is asked for (with its web configuration file,
+//! read once here so a bad one stops the start), systemd and the shutdown
+//! signal, then waiting for every loop to stop. It owns no timing
+//! (`sweep::run`) and no SQL (`pg`).
 
 use anyhow::Context as _;
 use tracing::info;
@@ -43,6 +44,16 @@ pub async fn run() -> anyhow::Result<()> {
     };
     let statsd = StatsdTarget::from_env()?;
     let metrics_addr = crate::config::metrics_addr_from_env()?;
+    let web_config = crate::config::web_config_file_from_env(metrics_addr)?;
+    // Read before anything starts: a bad file stops the daemon here, and the
+    // endpoint never serves without the TLS or auth the file asks for.
+    let web = match web_config {
+        None => None,
+        Some(path) => {
+            let active = crate::output::web_config::load(&path)?;
+            Some((path, active))
+        }
+    };
     let shutdown =
         crate::shutdown::on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     info!(
@@ -60,10 +71,18 @@ pub async fn run() -> anyhow::Result<()> {
         None => Metrics::new(statsd),
         Some(addr) => {
             let exposition = Exposition::new();
-            let bound = crate::output::scrape::start(addr, exposition.clone(), shutdown.clone())?;
+            let watch = web.map(|(path, active)| {
+                info!(file = %path.display(), summary = %active.summary(), "web_config_loaded");
+                crate::output::scrape::warn_about(&path, &active);
+                crate::output::web_config::Watch::new(path, active)
+            });
+            let tls = watch.as_ref().is_some_and(|w| w.is_tls());
+            let bound =
+                crate::output::scrape::start(addr, exposition.clone(), watch, shutdown.clone())?;
             info!(
                 addr = %bound,
                 path = crate::output::scrape::PATH,
+                scheme = if tls { "https" } else { "http" },
                 "metrics_listening"
             );
             Metrics::with_prometheus(statsd, exposition)

@@ -13,6 +13,7 @@ pub mod scrape;
 pub mod statsd;
 pub mod table;
 pub mod telemetry;
+pub mod web_config;
 
 #[cfg(test)]
 pub mod test_agent;

@@ -15,3 +15,4 @@ mod observability;
 mod privilege;
 mod support;
 mod topology;
+mod web_config;

@@ -7,7 +7,8 @@
 //! never prints a password (`DbTarget::display` and its redactor). Adding an
 //! item is one line in `inventory`'s `EXPECTED` or `GRANTS`; `connection`
 //! reaches the database and StatsD, `schema` asks once connected (through
-//! `pg::catalog`'s statements), `report` words the lines. It does not decide
+//! `pg::catalog`'s statements), `web` reads the metrics endpoint's web
+//! configuration file as `run` would, `report` words the lines. It does not decide
 //! whether a failed check blocks the daemon (the unit file does).
 
 use std::process::ExitCode;
@@ -23,6 +24,7 @@ mod functions;
 mod inventory;
 mod report;
 mod schema;
+mod web;
 
 pub use inventory::{EXPECTED, GRANTS, Grant, Object};
 pub use report::{Line, Report, Status};
@@ -40,7 +42,9 @@ use schema::{
 pub async fn run() -> anyhow::Result<ExitCode> {
     let etcd = crate::config::EtcdTarget::from_env()?;
     let statsd = StatsdTarget::from_env()?;
-    let report = match &etcd {
+    let web_config =
+        crate::config::web_config_file_from_env(crate::config::metrics_addr_from_env()?)?;
+    let mut report = match &etcd {
         // Locks in etcd, and no database named: etcd and StatsD only.
         Some(target) if !crate::config::pg_named_in_env() => {
             let mut report = Report::default();
@@ -57,6 +61,9 @@ pub async fn run() -> anyhow::Result<ExitCode> {
             report
         }
     };
+    if let Some(path) = &web_config {
+        report.lines.push(web::line(path));
+    }
     print!("{report}");
     Ok(if report.passed() {
         ExitCode::SUCCESS
