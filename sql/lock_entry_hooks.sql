@@ -37,7 +37,7 @@ CREATE OR REPLACE TRIGGER lock_entry_late_renewal
 -- A late release: the holder deleted its row after the deadline. Not a
 -- live lease's release (deadline ahead), not a session's cascade (the
 -- foreign key's trigger deletes at depth 1), not the sweep's own delete
--- (lock_reap_leases sets lease_sweeper.reaping while it deletes).
+-- (lock_reap_batch sets lease_sweeper.reaping while it deletes).
 CREATE OR REPLACE TRIGGER lock_entry_late_release
     AFTER DELETE ON lock_entry
     FOR EACH ROW

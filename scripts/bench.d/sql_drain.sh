@@ -14,11 +14,11 @@
 #
 # Shapes:
 #   function  the product's batch from the oldest every batch:
-#           lock_reap_leases($1) (SECURITY DEFINER, around the ctid
+#           lock_reap_batch($1) (SECURITY DEFINER, around the ctid
 #           statement, its hand-off claimed in a second transaction; what
 #           the daemon did before the resumable reap)
 #   function_resume  the product as the daemon calls it now:
-#           lock_reap_leases($1, <newest deadline of the previous batch>),
+#           lock_reap_batch($1, <newest deadline of the previous batch>),
 #           then lock_handoff_claim in a second transaction
 #   The walk shapes below call functions only a database migrated by an
 #   earlier build has (the sweep is one batch shape since): run them with
@@ -55,15 +55,13 @@ returning="RETURNING e.lock_key, e.owner_id, e.token,
           floor(extract(epoch FROM now() - e.expires_at) * 1000)::bigint AS overdue_millis"
 case $shape in
 function)
-    stmt="WITH del AS (SELECT * FROM lock_reap_leases(\$1)),
-    mark AS (SELECT set_config('bench.id', coalesce(max(handoff_id), 0)::text, false) FROM del)
-    SELECT del.* FROM del, mark"
+    stmt="SELECT set_config('bench.id', coalesce(b.handoff_id, 0)::text, false), b.*
+      FROM lock_reap_batch(\$1) AS b"
     claim=1 ;;
 function_resume)
-    stmt="WITH del AS (SELECT * FROM lock_reap_leases(\$1, current_setting('bench.after')::bigint)),
-    mark AS (SELECT set_config('bench.after', coalesce(max(expired_at_millis), 0)::text, false),
-                    set_config('bench.id', coalesce(max(handoff_id), 0)::text, false) FROM del)
-    SELECT del.* FROM del, mark"
+    stmt="SELECT set_config('bench.after', coalesce((SELECT max(x) FROM unnest(b.expired_at_millis) AS x), current_setting('bench.after')::bigint)::text, false),
+           set_config('bench.id', coalesce(b.handoff_id, 0)::text, false), b.*
+      FROM lock_reap_batch(\$1, current_setting('bench.after')::bigint) AS b"
     claim=1 ;;
 walk)
     stmt="WITH del AS (SELECT * FROM lock_reap_expired_walk(\$1, current_setting('bench.page')::bigint)),

@@ -12,9 +12,10 @@ DROP FUNCTION IF EXISTS lock_reap_batch(integer, bigint);
 -- before a line is written, so no lock-server call waits on the daemon's
 -- output. Returns the hand-off's id (NULL when nothing was reaped) and its
 -- leases as the hand-off keeps them, in parallel arrays; leases whose
--- delete failed come back in the set_aside_* arrays, left in place. The
--- daemon reads it one row per lease through lock_reap_leases; the first
--- release's daemon reads the arrays.
+-- delete failed come back in the set_aside_* arrays, left in place. One
+-- row of arrays, not a row per lease: the server sends, and the daemon
+-- decodes, one value per column instead of one per lease
+-- (docs/performance.md measures the difference).
 --
 -- fallback_cause says why the one set-based statement failed, when it did
 -- and the batch was taken row by row instead. That pass is kept because

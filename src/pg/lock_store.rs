@@ -7,7 +7,7 @@
 //!
 //! Every way a lease leaves has the same two steps. Its record is made
 //! durable first: a sweep's batch commits its deletion with a hand-off row
-//! (`lock_reap_leases`), and the lock server's own statements write a
+//! (`lock_reap_batch`), and the lock server's own statements write a
 //! takeover or late release to the outbox (`sql/lock_entry_hooks.sql`).
 //! Then one transaction retires the record and writes the lines
 //! (`conn::report_then_commit`): a claim of the sweep's own hand-off
@@ -57,10 +57,10 @@ pub const SWEEP_PROBE: &str = concat!(
     ")"
 );
 
-/// A row of `lock_reap_leases`, `lock_drain_takeovers` or
-/// `lock_handoff_recover`: one lease
-/// (reaped: both millisecond fields set; set aside: `set_aside_error`), the
-/// columns a statement does not return left at their default.
+/// A row of `lock_drain_takeovers` or `lock_handoff_recover`, or one lease
+/// of `lock_reap_batch`'s arrays (`BatchRow::rows`): one lease (reaped:
+/// both millisecond fields set; set aside: `set_aside_error`), the columns
+/// a statement does not return left at their default.
 #[derive(Debug, FromRow)]
 struct LeaseRow {
     lock_key: Option<String>,
@@ -139,16 +139,109 @@ async fn fetch_leases(
     leases(query.persistent(false).fetch_all(conn).await?)
 }
 
-/// One batch of the sweep, one row per lease, in the caller's transaction:
-/// deletes up to `limit` expired leases in deadline order from
-/// `after_millis` (epoch ms: the newest deadline the sweep's previous batch
-/// reaped; `None`: the oldest, pre-1970 and -infinity included), rows other
-/// sessions hold skipped (`FOR UPDATE SKIP LOCKED`, so replicas split the
-/// work), and records them in one hand-off row (`lock_reap_batch` in
-/// `sql/functions/` holds the statement and explains its shape: the
-/// database clock decides, rows are deleted by tuple id; `lock_reap_leases`
-/// unnests what it hands off). The sweeper's role needs no DELETE privilege
-/// and can never delete a live lease.
+/// What `lock_reap_batch` returns: one row for the whole batch, the
+/// hand-off's leases as the hand-off keeps them, in parallel arrays, and
+/// the leases set aside likewise. One row of arrays rather than a row per
+/// lease because the server sends and the daemon decodes one value per
+/// column instead of one per lease (docs/performance.md measures the
+/// difference); `rows` turns it into the `LeaseRow`s every other lock
+/// statement returns, the one place the arrays are taken apart.
+#[derive(Debug, FromRow)]
+struct BatchRow {
+    handoff_id: Option<i64>,
+    lock_keys: Option<Vec<Option<String>>>,
+    owner_ids: Option<Vec<Option<String>>>,
+    tokens: Option<Vec<Option<String>>>,
+    expired_at_millis: Option<Vec<i64>>,
+    overdue_millis: Option<Vec<i64>>,
+    set_aside_keys: Option<Vec<Option<String>>>,
+    set_aside_owner_ids: Option<Vec<Option<String>>>,
+    set_aside_tokens: Option<Vec<Option<String>>>,
+    set_aside_errors: Option<Vec<Option<String>>>,
+    fallback_cause: Option<String>,
+}
+
+impl BatchRow {
+    /// The batch as `LeaseRow`s: the reaped leases, then those set aside.
+    /// Arrays of unequal length (which the function never returns) are a
+    /// decode error, not leases made up or dropped.
+    fn rows(self) -> Result<Vec<LeaseRow>, sqlx::Error> {
+        let reaped = self.lock_keys.unwrap_or_default();
+        let set_aside = self.set_aside_keys.unwrap_or_default();
+        let same = |n: usize, len: usize| {
+            if n == len {
+                Ok(())
+            } else {
+                Err(sqlx::Error::Decode(
+                    "lock_reap_batch returned arrays of unequal length".into(),
+                ))
+            }
+        };
+        let owners = self.owner_ids.unwrap_or_default();
+        let tokens = self.tokens.unwrap_or_default();
+        let expired = self.expired_at_millis.unwrap_or_default();
+        let overdue = self.overdue_millis.unwrap_or_default();
+        for len in [owners.len(), tokens.len(), expired.len(), overdue.len()] {
+            same(reaped.len(), len)?;
+        }
+        let aside_owners = self.set_aside_owner_ids.unwrap_or_default();
+        let aside_tokens = self.set_aside_tokens.unwrap_or_default();
+        let aside_errors = self.set_aside_errors.unwrap_or_default();
+        for len in [aside_owners.len(), aside_tokens.len(), aside_errors.len()] {
+            same(set_aside.len(), len)?;
+        }
+        let lease = |lock_key, owner_id, token| LeaseRow {
+            lock_key,
+            owner_id,
+            token,
+            expired_at_millis: None,
+            overdue_millis: None,
+            set_aside_error: None,
+            reaped_by: None,
+            handoff_id: self.handoff_id,
+            fallback_cause: self.fallback_cause.clone(),
+        };
+        let mut rows = Vec::with_capacity(reaped.len() + set_aside.len() + 1);
+        for (((k, o), t), (e, d)) in reaped
+            .into_iter()
+            .zip(owners)
+            .zip(tokens)
+            .zip(expired.into_iter().zip(overdue))
+        {
+            rows.push(LeaseRow {
+                expired_at_millis: Some(e),
+                overdue_millis: Some(d),
+                ..lease(k, o, t)
+            });
+        }
+        for (((k, o), t), x) in set_aside
+            .into_iter()
+            .zip(aside_owners)
+            .zip(aside_tokens)
+            .zip(aside_errors)
+        {
+            rows.push(LeaseRow {
+                set_aside_error: x,
+                ..lease(k, o, t)
+            });
+        }
+        if rows.is_empty() && self.fallback_cause.is_some() {
+            // A batch that fell back and took nothing: its cause alone.
+            rows.push(lease(None, None, None));
+        }
+        Ok(rows)
+    }
+}
+
+/// One batch of the sweep, in the caller's transaction: deletes up to
+/// `limit` expired leases in deadline order from `after_millis` (epoch ms:
+/// the newest deadline the sweep's previous batch reaped; `None`: the
+/// oldest, pre-1970 and -infinity included), rows other sessions hold
+/// skipped (`FOR UPDATE SKIP LOCKED`, so replicas split the work), and
+/// records them in one hand-off row (`lock_reap_batch` in `sql/functions/`
+/// holds the statement and explains its shape: the database clock decides,
+/// rows are deleted by tuple id). The sweeper's role needs no DELETE
+/// privilege and can never delete a live lease.
 ///
 /// Resuming at `after_millis` spares each batch the dead index entries the
 /// earlier ones left at the head of the index, which would make a drain
@@ -160,14 +253,18 @@ pub async fn reap_batch(
     limit: usize,
     after_millis: Option<i64>,
 ) -> Result<Taken, sqlx::Error> {
-    let query = sqlx::query_as(
-        "SELECT handoff_id, lock_key, owner_id, token, expired_at_millis, overdue_millis,
-                set_aside_error, fallback_cause
-           FROM lock_reap_leases($1, $2)",
+    let batch: BatchRow = sqlx::query_as(
+        "SELECT handoff_id, lock_keys, owner_ids, tokens, expired_at_millis, overdue_millis,
+                set_aside_keys, set_aside_owner_ids, set_aside_tokens, set_aside_errors,
+                fallback_cause
+           FROM lock_reap_batch($1, $2)",
     )
     .bind(conn::limit_param(limit))
-    .bind(after_millis);
-    fetch_leases(conn, query).await
+    .bind(after_millis)
+    .persistent(false)
+    .fetch_one(conn)
+    .await?;
+    leases(batch.rows()?)
 }
 
 /// Asks `SWEEP_PROBE`, decoded straight into the seam's answer. Its values
@@ -250,7 +347,7 @@ async fn reap_in_tx(
     let mut tx = conn::begin(conn).await?;
     let mut batch = reap_batch(&mut tx, limit, after)
         .await
-        .map_err(|e| BatchFailure::Query("lock_reap_leases", e))?;
+        .map_err(|e| BatchFailure::Query("lock_reap_batch", e))?;
     conn::commit(tx).await?;
     *fallback = batch.fallback.take();
     log_set_aside(&batch.set_aside);

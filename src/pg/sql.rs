@@ -134,10 +134,6 @@ pub const FUNCTIONS: &[(&str, &str)] = &[
         include_str!("../../sql/functions/lock_reap_batch.sql"),
     ),
     (
-        "lock_reap_leases",
-        include_str!("../../sql/functions/lock_reap_leases.sql"),
-    ),
-    (
         "lock_sweep_probe",
         include_str!("../../sql/functions/lock_sweep_probe.sql"),
     ),

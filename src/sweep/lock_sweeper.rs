@@ -30,8 +30,9 @@
 //!   `Reporter`, which for any `Reaped` row writes through `EventLog`
 //!   (stdout, no log level can silence it), gathers `Lateness` and sends it
 //!   with the counts to `Metrics` at each commit;
-//! - PostgreSQL (`pg`, 10): `PgLockStore` on its own `Db` (one connection,
-//!   reopened after a failure, which `BatchFailure` names); `LeaseRow`, one
+//! - PostgreSQL (`pg`, 11): `PgLockStore` on its own `Db` (one connection,
+//!   reopened after a failure, which `BatchFailure` names); `BatchRow`, a
+//!   sweep batch as one row of arrays, taken apart into `LeaseRow`s, one
 //!   lease as every lock statement returns it, and `Taken`, a statement's
 //!   rows sorted into leases to report, leases set aside, the hand-off and
 //!   the fallback's cause; `SWEEP_PROBE`, the first question, its argument
@@ -39,10 +40,10 @@
 //!   `BEGIN_GUARDED`, how every transaction opens (its timeouts);
 //!   `PROBE_TIMEOUT`, the probe's bound; `REPORT_CHUNK`, the lines written
 //!   between two yields;
-//! - SQL functions (11): `lock_sweep_probe`, the first question;
-//!   `lock_reap_leases`, one row per lease of the batch `lock_reap_batch`
-//!   deletes and hands off (set-based, falling back on its own row-by-row
-//!   pass, which it says); `lock_handoff_claim`, the sweep's own hand-off
+//! - SQL functions (10): `lock_sweep_probe`, the first question;
+//!   `lock_reap_batch`, the batch deleted and handed off (set-based,
+//!   falling back on its own row-by-row pass, which it says);
+//!   `lock_handoff_claim`, the sweep's own hand-off
 //!   taken back; `lock_handoff_recover`, an abandoned one;
 //!   `lock_drain_takeovers`, the outbox (falling back and saying so the
 //!   same way); `lock_held_count_get`, the shared

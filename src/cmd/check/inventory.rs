@@ -88,7 +88,7 @@ pub const EXPECTED: &[Object] = &[
     Object::Table("lock_held_delta"),
     // The lock sweep's calls, in the order a sweep makes them.
     Object::Function("lock_sweep_probe"),
-    Object::Function("lock_reap_leases"),
+    Object::Function("lock_reap_batch"),
     Object::Function("lock_handoff_claim"),
     Object::Function("lock_handoff_recover"),
     Object::Function("lock_drain_takeovers"),
@@ -138,7 +138,7 @@ pub const GRANTS: &[Grant] = &[
         why: "each sweep asks first, in one statement, whether there is anything to reap",
     },
     Grant {
-        on: Object::Function("lock_reap_leases"),
+        on: Object::Function("lock_reap_batch"),
         privileges: &["EXECUTE"],
         why: "the sweep deletes a batch of expired leases and records them in one call, so their row locks end before their lines are written",
     },

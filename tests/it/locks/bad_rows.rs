@@ -206,10 +206,10 @@ async fn bad_limits_refused_with_22023() {
     let mut conn = db.connect().await;
     insert_expired(&mut conn, "k", 3, 1_000).await;
     for sql in [
-        "SELECT * FROM lock_reap_leases(NULL)",
-        "SELECT * FROM lock_reap_leases(0)",
-        "SELECT * FROM lock_reap_leases(-1)",
-        "SELECT * FROM lock_reap_leases(100001)",
+        "SELECT * FROM lock_reap_batch(NULL)",
+        "SELECT * FROM lock_reap_batch(0)",
+        "SELECT * FROM lock_reap_batch(-1)",
+        "SELECT * FROM lock_reap_batch(100001)",
         "SELECT * FROM lock_drain_takeovers(NULL)",
         "SELECT * FROM lock_drain_takeovers(-5)",
     ] {
@@ -219,15 +219,17 @@ async fn bad_limits_refused_with_22023() {
     assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 3);
     // 0 is an ordinary resume bound (1970), NULL is "from the oldest".
     exec(&mut conn, "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at) VALUES ('moon', 'eagle', 1969, '1969-07-20 20:17:00+00')").await;
-    let from_1970: Vec<String> =
-        sqlx::query_scalar("SELECT lock_key FROM lock_reap_leases(10, 0) ORDER BY 1")
+    let from_1970: Vec<String> = sqlx::query_scalar(
+        "SELECT k FROM lock_reap_batch(10, 0), unnest(lock_keys) AS k ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(from_1970, vec!["k1", "k2", "k3"]);
+    let from_oldest: Vec<String> =
+        sqlx::query_scalar("SELECT k FROM lock_reap_batch(10), unnest(lock_keys) AS k")
             .fetch_all(&mut conn)
             .await
             .unwrap();
-    assert_eq!(from_1970, vec!["k1", "k2", "k3"]);
-    let from_oldest: Vec<String> = sqlx::query_scalar("SELECT lock_key FROM lock_reap_leases(10)")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
     assert_eq!(from_oldest, vec!["moon"]);
 }
