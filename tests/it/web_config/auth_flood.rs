@@ -12,23 +12,18 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::support::{StatsdCapture, TestDb, count, events, wait_until};
-use crate::web_config::support::{
-    PASSWORD, Pki, USER, daemon_with_web_config, htpasswd, peak_rss_kib, users, write_config,
+use crate::observability::support::{
+    Expiries, assert_every_lease_swept_once, assert_on_time_and_small, insert_leases, peak_rss_kib,
+    wait_every_lease_reported,
 };
+use crate::web_config::support::{PASSWORD, USER, htpasswd, parts, serve, users};
 
-const LEASES: i64 = 5_000;
-const SPACING_MS: i64 = 2;
-const LEAD_MS: i64 = 1_000;
 /// Clients sending wrong passwords at once: as many as the endpoint serves
 /// at a time, so every slot holds a bcrypt.
 const GUESSERS: usize = 64;
 const FLOOD: Duration = Duration::from_secs(12);
 /// htpasswd's cost when an operator asks for more than its default.
 const COST: u32 = 10;
-/// The flood tests' bounds.
-const MAX_RSS_KIB: u64 = 32 * 1024;
-const MAX_OVERDUE_MS: i64 = 5_000;
 
 #[derive(Default)]
 struct Tally {
@@ -61,14 +56,10 @@ async fn wrong_password_flood_never_delays_an_expiry() {
         basic("scraper:correct-horse-7"),
         "c2NyYXBlcjpjb3JyZWN0LWhvcnNlLTc="
     );
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
+    let (db, statsd, pki) = parts().await;
     let mut conn = db.connect().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
     let hash = htpasswd(USER, PASSWORD, COST);
-    let web = write_config(&pki.dir, "web.yml", &users(&hash));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &users(&hash)).await;
     let pid = daemon.pid();
 
     let tally = Arc::new(Tally::default());
@@ -77,64 +68,27 @@ async fn wrong_password_flood_never_delays_an_expiry() {
     for i in 0..GUESSERS {
         tasks.push(tokio::spawn(guess(addr, until, tally.clone(), i)));
     }
-    sqlx::query(
-        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at)
-         SELECT 'guessed-' || i, 'owner', nextval('lock_fencing_token_seq'),
-                now() + ($2 + i * $3) * interval '1 millisecond'
-           FROM generate_series(1, $1) AS i",
-    )
-    .bind(LEASES)
-    .bind(LEAD_MS)
-    .bind(SPACING_MS)
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    insert_leases(&mut conn, "guessed-").await;
     for task in tasks {
         task.await.unwrap();
     }
-    wait_until(Duration::from_secs(30), "every lease reported", || async {
-        daemon.count_lines(|l| l.contains(" message=lease_expired ")) >= LEASES as usize
-    })
-    .await;
+    wait_every_lease_reported(&daemon).await;
     let peak = peak_rss_kib(pid);
     let (code, lines) = daemon.stop().await;
 
-    let expired = events(&lines, "lease_expired");
-    let mut keys: Vec<&str> = expired.iter().map(|l| l["lockKey"].as_str()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let max_overdue = expired
-        .iter()
-        .map(|l| l["overdueMillis"].parse::<i64>().unwrap())
-        .max()
-        .unwrap_or(0);
+    let expiries = Expiries::from_lines(&lines);
+    let max_overdue = expiries.max_overdue();
     eprintln!(
         "auth flood: {} expiries, max overdue {max_overdue} ms, peak RSS {:.1} MiB; {} wrong \
          passwords refused 401, {} other answers, {} connections unanswered",
-        expired.len(),
+        expiries.reported,
         peak as f64 / 1024.0,
         tally.refused_401.load(Ordering::Relaxed),
         tally.other_status.load(Ordering::Relaxed),
         tally.no_answer.load(Ordering::Relaxed),
     );
-    assert_eq!(code, Some(0));
-    assert_eq!(
-        (expired.len(), keys.len()),
-        (LEASES as usize, LEASES as usize)
-    );
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-    assert_eq!(
-        statsd.counter("lock.lease.expired", "#backend:pg"),
-        LEASES as u64
-    );
-    assert!(
-        max_overdue <= MAX_OVERDUE_MS,
-        "a sweep was held up: max overdue {max_overdue} ms"
-    );
-    assert!(
-        peak <= MAX_RSS_KIB,
-        "peak RSS {peak} KiB over {MAX_RSS_KIB} KiB"
-    );
+    assert_every_lease_swept_once(code, &expiries, &mut conn, &statsd).await;
+    assert_on_time_and_small(max_overdue, peak);
     assert!(
         tally.refused_401.load(Ordering::Relaxed) > 0,
         "no guess answered"

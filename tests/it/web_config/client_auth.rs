@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::support::{StatsdCapture, TestDb, events};
+use crate::support::events;
 use crate::web_config::support::{
     Fetched, PASSWORD, Pki, Session, USER, arg, bcrypt, curl, daemon_with_web_config, https_url,
-    s_client_get, tls_config, users, write_config,
+    parts, s_client_get, serve, stop_with_no_rejection, tls_config, users, write_config,
 };
 
 /// What each kind of client gets: `true` for a 200, `false` for a failed
@@ -60,10 +60,7 @@ fn judge(what: &str, got: &[Fetched; 3], expect: &Expect) -> Vec<String> {
 
 #[tokio::test]
 async fn each_client_auth_type_admits_whom_the_toolkit_does() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
+    let (db, statsd, pki) = parts().await;
     let ca_file = pki.path("ca.crt").display().to_string();
     let yes = true;
     let no = false;
@@ -121,7 +118,8 @@ async fn each_client_auth_type_admits_whom_the_toolkit_does() {
             &format!("{kind}.yml"),
             &tls_config(&pki, &extra, ""),
         );
-        let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+        let (mut daemon, addr) =
+            daemon_with_web_config(&db.url, &statsd.port.to_string(), &web).await;
         let got = three_clients(&pki, &https_url(addr)).await;
         wrong.extend(judge(kind, &got, expect));
         let (code, _) = daemon.stop().await;
@@ -135,17 +133,13 @@ async fn each_client_auth_type_admits_whom_the_toolkit_does() {
 /// a TLS session the old CA let in is not resumed past the change.
 #[tokio::test]
 async fn replaced_client_ca_applies_to_the_next_connection() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
+    let (db, statsd, pki) = parts().await;
     std::fs::copy(pki.path("ca.crt"), pki.path("clients.crt")).unwrap();
     let extra = format!(
         "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
         pki.path("clients.crt").display()
     );
-    let web = write_config(&pki.dir, "web.yml", &tls_config(&pki, &extra, ""));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (daemon, addr) = serve(&db, &statsd, &pki, &tls_config(&pki, &extra, "")).await;
     let before = Expect {
         no_cert: false,
         ca_cert: true,
@@ -206,31 +200,24 @@ async fn replaced_client_ca_applies_to_the_next_connection() {
     daemon
         .wait_for_events("web_config_loaded", loaded + 1, Duration::from_secs(10))
         .await;
-    let (code, lines) = daemon.stop().await;
-    assert_eq!(code, Some(0));
-    assert!(
-        events(&lines, "web_config_rejected").is_empty(),
-        "{lines:?}"
-    );
+    stop_with_no_rejection(daemon).await;
 }
 
 /// The file's headers on every answer: a scrape, a 401, a 404, as the
 /// toolkit sets them.
 #[tokio::test]
 async fn configured_headers_are_on_every_response() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
+    let (db, statsd, pki) = parts().await;
     let hash = bcrypt(PASSWORD);
     let headers = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    \
                    X-Content-Type-Options: nosniff\n    Strict-Transport-Security: max-age=31536000\n";
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
+    let (mut daemon, addr) = serve(
+        &db,
+        &statsd,
+        &pki,
         &tls_config(&pki, "", &format!("{headers}{}", users(&hash))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    )
+    .await;
     let ca = arg(pki.path("ca.crt"));
     let good = format!("{USER}:{PASSWORD}");
     let answers = [

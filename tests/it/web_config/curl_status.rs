@@ -8,10 +8,10 @@
 //! verdict cached; and credentials read as Go's `Request.BasicAuth` reads
 //! them.
 
-use crate::support::{StatsdCapture, TestDb, events};
+use crate::support::events;
 use crate::web_config::support::{
-    Fetched, PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, htpasswd, https_url,
-    tls_config, users, write_config,
+    Fetched, PASSWORD, USER, arg, bcrypt, curl, htpasswd, https_url, parts, require_client_cert,
+    serve, tls_and_password, users,
 };
 
 /// The scheme the daemon said it listens with.
@@ -35,20 +35,9 @@ fn unauthorized(what: &str, got: &Fetched) -> String {
 
 #[tokio::test]
 async fn curl_gets_exact_answers_with_and_without_each_credential() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let extra = format!(
-        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
-        pki.path("ca.crt").display()
-    );
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, &extra, &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let extra = require_client_cert(&pki);
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, &extra)).await;
     let url = https_url(addr);
     let (ca, cert, key) = (
         arg(pki.path("ca.crt")),
@@ -159,16 +148,8 @@ async fn curl_gets_exact_answers_with_and_without_each_credential() {
 /// are all it takes, and the password is all that is missing without it.
 #[tokio::test]
 async fn curl_needs_only_the_password_when_no_client_cert_is_asked() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, "")).await;
     let url = https_url(addr);
     let ca = arg(pki.path("ca.crt"));
     let good = format!("{USER}:{PASSWORD}");
@@ -204,12 +185,8 @@ async fn curl_needs_only_the_password_when_no_client_cert_is_asked() {
 /// without; a TLS handshake to it fails.
 #[tokio::test]
 async fn basic_auth_alone_serves_plain_http() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(&pki.dir, "web.yml", &users(&bcrypt(PASSWORD)));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &users(&bcrypt(PASSWORD))).await;
     let url = format!("http://{addr}/metrics");
     let good = format!("{USER}:{PASSWORD}");
 
@@ -231,13 +208,9 @@ async fn basic_auth_alone_serves_plain_http() {
 #[tokio::test]
 async fn unknown_user_takes_as_long_as_a_wrong_password() {
     const TRIES: usize = 7;
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
+    let (db, statsd, pki) = parts().await;
     let hash = htpasswd(USER, PASSWORD, 10);
-    let web = write_config(&pki.dir, "web.yml", &users(&hash));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &users(&hash)).await;
     let url = format!("http://{addr}/metrics");
 
     let (mut known, mut unknown) = (Vec::new(), Vec::new());
@@ -269,20 +242,18 @@ async fn unknown_user_takes_as_long_as_a_wrong_password() {
 /// header. Anything else is a 401, never a 400 or a 500.
 #[tokio::test]
 async fn basic_credentials_are_read_as_the_toolkit_reads_them() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(
+        &db,
+        &statsd,
+        &pki,
         &format!(
             "basic_auth_users:\n  colon: '{}'\n  'ü': '{}'\n",
             htpasswd("colon", "pa:ss", 4),
             htpasswd("ü", "pässwörd", 4)
         ),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    )
+    .await;
     let url = format!("http://{addr}/metrics");
     let b64 = |s: &str| {
         let out = std::process::Command::new(crate::support::tool("base64", "coreutils"))
@@ -347,12 +318,8 @@ async fn basic_credentials_are_read_as_the_toolkit_reads_them() {
 /// cost 12 the first request pays for a bcrypt, the next ones do not.
 #[tokio::test]
 async fn a_known_good_password_is_not_hashed_again() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(&pki.dir, "web.yml", &users(&htpasswd(USER, PASSWORD, 12)));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &users(&htpasswd(USER, PASSWORD, 12))).await;
     let (url, good) = (
         format!("http://{addr}/metrics"),
         format!("{USER}:{PASSWORD}"),

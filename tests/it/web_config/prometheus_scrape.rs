@@ -9,9 +9,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::observability::support::{Prometheus, ScrapeJob};
-use crate::support::{StatsdCapture, TestDb, events, insert_expired, wait_until};
+use crate::support::{Daemon, StatsdCapture, TestDb, events, insert_expired, wait_until};
 use crate::web_config::support::{
-    PASSWORD, Pki, USER, bcrypt, daemon_with_web_config, tls_config, users, write_config,
+    PASSWORD, USER, parts, require_client_cert, serve, tls_and_password, tls_config,
 };
 
 /// Leases made to expire in each test.
@@ -52,7 +52,7 @@ async fn wait_scraped_all(prometheus: &Prometheus, job: &str) {
 }
 
 /// Makes `N` leases expire and waits until the daemon has written them.
-async fn expire_leases(db: &TestDb, daemon: &crate::support::Daemon, prefix: &str) {
+async fn expire_leases(db: &TestDb, daemon: &Daemon, prefix: &str) {
     let mut conn = db.connect().await;
     insert_expired(&mut conn, prefix, N, 100).await;
     daemon
@@ -60,29 +60,20 @@ async fn expire_leases(db: &TestDb, daemon: &crate::support::Daemon, prefix: &st
         .await;
 }
 
-#[tokio::test]
-async fn prometheus_scrapes_over_tls_with_basic_auth() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
-    let prometheus = Prometheus::start_jobs(&[ScrapeJob::https(
-        "tls-basic-auth",
-        addr,
-        &pki.path("ca.crt"),
-        "localhost",
-    )
-    .basic_auth(USER, PASSWORD)])
-    .await;
-
-    expire_leases(&db, &daemon, "tls-auth-").await;
-    wait_scraped_all(&prometheus, "tls-basic-auth").await;
+/// Makes `N` leases expire while a Prometheus scrapes `job` (its name and
+/// its settings), waits until Prometheus has seen every one, and stops the
+/// daemon: it exited 0 having reported each lease once, in its log and to
+/// statsd.
+async fn expire_while_scraped(
+    db: &TestDb,
+    statsd: &StatsdCapture,
+    mut daemon: Daemon,
+    job: (&str, ScrapeJob),
+    prefix: &str,
+) {
+    let prometheus = Prometheus::start_jobs(&[job.1]).await;
+    expire_leases(db, &daemon, prefix).await;
+    wait_scraped_all(&prometheus, job.0).await;
 
     let (code, lines) = daemon.stop().await;
     assert_eq!(code, Some(0));
@@ -94,56 +85,38 @@ async fn prometheus_scrapes_over_tls_with_basic_auth() {
 }
 
 #[tokio::test]
+async fn prometheus_scrapes_over_tls_with_basic_auth() {
+    let (db, statsd, pki) = parts().await;
+    let (daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, "")).await;
+    let job = ScrapeJob::https("tls-basic-auth", addr, &pki.path("ca.crt"), "localhost")
+        .basic_auth(USER, PASSWORD);
+    expire_while_scraped(&db, &statsd, daemon, ("tls-basic-auth", job), "tls-auth-").await;
+}
+
+#[tokio::test]
 async fn prometheus_scrapes_with_a_verified_client_certificate() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let extra = format!(
-        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
-        pki.path("ca.crt").display()
-    );
-    let web = write_config(&pki.dir, "web.yml", &tls_config(&pki, &extra, ""));
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
-    let prometheus = Prometheus::start_jobs(&[ScrapeJob::https(
-        "tls-client-cert",
-        addr,
-        &pki.path("ca.crt"),
-        "localhost",
+    let (db, statsd, pki) = parts().await;
+    let extra = require_client_cert(&pki);
+    let (daemon, addr) = serve(&db, &statsd, &pki, &tls_config(&pki, &extra, "")).await;
+    let job = ScrapeJob::https("tls-client-cert", addr, &pki.path("ca.crt"), "localhost")
+        .client_cert(&pki.path("client.crt"), &pki.path("client.key"));
+    expire_while_scraped(
+        &db,
+        &statsd,
+        daemon,
+        ("tls-client-cert", job),
+        "tls-client-",
     )
-    .client_cert(&pki.path("client.crt"), &pki.path("client.key"))])
     .await;
-
-    expire_leases(&db, &daemon, "tls-client-").await;
-    wait_scraped_all(&prometheus, "tls-client-cert").await;
-
-    let (code, lines) = daemon.stop().await;
-    assert_eq!(code, Some(0));
-    assert_eq!(events(&lines, "lease_expired").len(), N as usize);
-    assert_eq!(
-        statsd.counter("lock.lease.expired", "#backend:pg"),
-        N as u64
-    );
 }
 
 /// One endpoint asking for both a verified client certificate and a
 /// password, scraped by five jobs: only the one with both gets in.
 #[tokio::test]
 async fn refused_scrapes_are_down_and_leave_the_signal_alone() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let extra = format!(
-        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
-        pki.path("ca.crt").display()
-    );
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, &extra, &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let extra = require_client_cert(&pki);
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, &extra)).await;
     let https =
         |job: &str, addr: SocketAddr| ScrapeJob::https(job, addr, &pki.path("ca.crt"), "localhost");
     let client = |job: ScrapeJob| job.client_cert(&pki.path("client.crt"), &pki.path("client.key"));

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use crate::observability::support::ADDR_VAR;
-use crate::support::{Daemon, StatsdCapture, TestDb, daemon_env, events};
+use crate::support::{Daemon, TestDb, daemon_env, events};
 use crate::web_config::support::{
-    PASSWORD, Pki, USER, WEB_CONFIG_VAR, arg, bcrypt, curl, daemon_with_web_config, https_url,
+    PASSWORD, Pki, USER, WEB_CONFIG_VAR, arg, bcrypt, curl, https_url, parts, serve,
     served_certificate, users, write_config,
 };
 
@@ -146,21 +146,20 @@ async fn web_config_without_the_address_is_a_configuration_error() {
 
 #[tokio::test]
 async fn expired_certificate_is_served_with_a_warning() {
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(
+        &db,
+        &statsd,
+        &pki,
         &format!(
             "tls_server_config:\n  cert_file: {}\n  key_file: {}\n{}",
             pki.path("expired.crt").display(),
             pki.path("expired.key").display(),
             users(&bcrypt(PASSWORD))
         ),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    )
+    .await;
+    let web = pki.path("web.yml");
     daemon
         .wait_for_event("web_config_certificate_expired", Duration::from_secs(10))
         .await;

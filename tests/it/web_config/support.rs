@@ -1,8 +1,8 @@
 //! Plumbing for the web-configuration tests: a throwaway PKI made with the
 //! real `openssl`, bcrypt hashes from the real `htpasswd`, the web config
 //! file itself, `lease-sweeper check`'s line about it, `promtool`'s verdict,
-//! and TLS clients (`curl`, `openssl s_client`). It starts no daemon and no
-//! Prometheus: `observability::support` has those.
+//! and TLS clients (`curl`, `openssl s_client`), and a daemon serving a web
+//! config. It starts no Prometheus: `observability::support` has that.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -252,6 +252,11 @@ pub fn tls_config(pki: &Pki, extra: &str, rest: &str) -> String {
     )
 }
 
+/// `tls_config` with `extra`, and the one test user with `PASSWORD`.
+pub fn tls_and_password(pki: &Pki, extra: &str) -> String {
+    tls_config(pki, extra, &users(&bcrypt(PASSWORD)))
+}
+
 /// The `basic_auth_users` section with the one test user and this hash.
 pub fn users(hash: &str) -> String {
     format!("basic_auth_users:\n  {USER}: '{hash}'\n")
@@ -430,6 +435,47 @@ pub fn unprivileged_reader() -> Option<u32> {
     nix::unistd::geteuid().is_root().then_some(65_534)
 }
 
+/// What every test serving a web config starts from, made in this order:
+/// a throwaway database, a statsd capture and a fresh PKI.
+pub async fn parts() -> (crate::support::TestDb, crate::support::StatsdCapture, Pki) {
+    let db = crate::support::TestDb::new().await;
+    let statsd = crate::support::StatsdCapture::start().await;
+    (db, statsd, Pki::new())
+}
+
+/// Writes `text` as `web.yml` in the PKI's directory and starts a daemon on
+/// `db` sending to `statsd` with it (`daemon_with_web_config`).
+pub async fn serve(
+    db: &crate::support::TestDb,
+    statsd: &crate::support::StatsdCapture,
+    pki: &Pki,
+    text: &str,
+) -> (crate::support::Daemon, std::net::SocketAddr) {
+    let web = write_config(&pki.dir, "web.yml", text);
+    daemon_with_web_config(&db.url, &statsd.port.to_string(), &web).await
+}
+
+/// `tls_server_config` lines asking every client for a certificate the
+/// PKI's CA signed (the `extra` of `tls_config`).
+pub fn require_client_cert(pki: &Pki) -> String {
+    format!(
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+        pki.path("ca.crt").display()
+    )
+}
+
+/// Stops the daemon and asserts it exited 0 having rejected no web config
+/// while running; what it logged.
+pub async fn stop_with_no_rejection(mut daemon: crate::support::Daemon) -> Vec<String> {
+    let (code, lines) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(
+        crate::support::events(&lines, "web_config_rejected").is_empty(),
+        "{lines:?}"
+    );
+    lines
+}
+
 /// `daemon_env` plus the endpoint on a free loopback port and `web` as its
 /// web config: the daemon and the address it logged in `metrics_listening`.
 /// A daemon that never listens fails the test with what it wrote.
@@ -468,16 +514,6 @@ pub fn https_url(addr: std::net::SocketAddr) -> String {
 /// A path as curl's argument.
 pub fn arg(path: PathBuf) -> String {
     path.display().to_string()
-}
-
-/// The process's peak resident set (VmHWM), in KiB.
-pub fn peak_rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
 }
 
 /// What one `openssl s_client` request for /metrics got: whether the TLS

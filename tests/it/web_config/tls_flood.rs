@@ -15,17 +15,14 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::support::{StatsdCapture, TestDb, count, events, wait_until};
+use crate::observability::support::{
+    Expiries, LEASES, assert_every_lease_swept_once, assert_on_time_and_small, insert_leases,
+    peak_rss_kib, wait_every_lease_reported,
+};
 use crate::web_config::support::{
-    PASSWORD, Pki, USER, arg, bcrypt, curl, daemon_with_web_config, https_url, peak_rss_kib,
-    tls_config, users, write_config,
+    PASSWORD, USER, arg, curl, https_url, parts, serve, tls_and_password,
 };
 
-/// Leases expiring during the flood, one every 2 ms: 500 a second for 10 s
-/// (as the plain-HTTP flood).
-const LEASES: i64 = 5_000;
-const SPACING_MS: i64 = 2;
-const LEAD_MS: i64 = 1_000;
 /// Connections opened at the start that never send a byte.
 const SILENT: usize = 200;
 /// Connections opened at the start that send half a ClientHello and stop.
@@ -36,10 +33,6 @@ const TRICKLING: usize = 50;
 const WRONG_PASSWORD_LOOPS: usize = 3;
 const SCRAPE_LOOPS: usize = 1;
 const FLOOD: Duration = Duration::from_secs(12);
-/// The plain-HTTP flood's bounds: peak RSS, and the latest any lease may be
-/// reported (a sweep held up by the flood for seconds fails here).
-const MAX_RSS_KIB: u64 = 32 * 1024;
-const MAX_OVERDUE_MS: i64 = 5_000;
 
 /// The start of a TLS 1.2/1.3 ClientHello record claiming 512 bytes of
 /// handshake: a server must wait for the rest, or give up.
@@ -62,17 +55,9 @@ struct Tally {
 #[tokio::test]
 async fn tls_flood_never_delays_an_expiry() {
     let _alone = crate::web_config::support::ONE_FLOOD_AT_A_TIME.lock().await;
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
+    let (db, statsd, pki) = parts().await;
     let mut conn = db.connect().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, "")).await;
     let pid = daemon.pid();
 
     let mut held = Vec::new();
@@ -111,25 +96,11 @@ async fn tls_flood_never_delays_an_expiry() {
         )));
     }
 
-    sqlx::query(
-        "INSERT INTO lock_entry (lock_key, owner_id, token, expires_at)
-         SELECT 'tls-flood-' || i, 'owner', nextval('lock_fencing_token_seq'),
-                now() + ($2 + i * $3) * interval '1 millisecond'
-           FROM generate_series(1, $1) AS i",
-    )
-    .bind(LEASES)
-    .bind(LEAD_MS)
-    .bind(SPACING_MS)
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    insert_leases(&mut conn, "tls-flood-").await;
     for task in tasks {
         task.await.unwrap();
     }
-    wait_until(Duration::from_secs(30), "every lease reported", || async {
-        daemon.count_lines(|l| l.contains(" message=lease_expired ")) >= LEASES as usize
-    })
-    .await;
+    wait_every_lease_reported(&daemon).await;
 
     // Every held connection, silent or half a hello, the daemon closed.
     let mut still_open = 0;
@@ -147,20 +118,13 @@ async fn tls_flood_never_delays_an_expiry() {
     let peak = peak_rss_kib(pid);
     let (code, lines) = daemon.stop().await;
 
-    let expired = events(&lines, "lease_expired");
-    let mut keys: Vec<&str> = expired.iter().map(|l| l["lockKey"].as_str()).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let max_overdue = expired
-        .iter()
-        .map(|l| l["overdueMillis"].parse::<i64>().unwrap())
-        .max()
-        .unwrap_or(0);
+    let expiries = Expiries::from_lines(&lines);
+    let max_overdue = expiries.max_overdue();
     eprintln!(
         "tls flood: {} expiries, max overdue {max_overdue} ms, peak RSS {:.1} MiB; {SILENT} silent + \
          {HALF_HELLO} half-hello + {TRICKLING} trickling connections ({} trickles closed); \
          {} wrong passwords answered 401, {} otherwise; {} scrapes",
-        expired.len(),
+        expiries.reported,
         peak as f64 / 1024.0,
         tally.trickles_closed.load(Ordering::Relaxed),
         tally.wrong_password_401.load(Ordering::Relaxed),
@@ -168,16 +132,7 @@ async fn tls_flood_never_delays_an_expiry() {
         tally.scrapes.load(Ordering::Relaxed),
     );
 
-    assert_eq!(code, Some(0));
-    assert_eq!(
-        (expired.len(), keys.len()),
-        (LEASES as usize, LEASES as usize)
-    );
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM lock_entry").await, 0);
-    assert_eq!(
-        statsd.counter("lock.lease.expired", "#backend:pg"),
-        LEASES as u64
-    );
+    assert_every_lease_swept_once(code, &expiries, &mut conn, &statsd).await;
     assert_eq!((after.exit, after.status), (0, 200), "{after:?}");
     assert!(
         after.body.contains(&format!(
@@ -186,15 +141,8 @@ async fn tls_flood_never_delays_an_expiry() {
         "{}",
         after.body
     );
-    assert!(
-        max_overdue <= MAX_OVERDUE_MS,
-        "a sweep was held up: max overdue {max_overdue} ms"
-    );
     assert_eq!(still_open, 0, "held connections the endpoint never closed");
-    assert!(
-        peak <= MAX_RSS_KIB,
-        "peak RSS {peak} KiB over {MAX_RSS_KIB} KiB"
-    );
+    assert_on_time_and_small(max_overdue, peak);
     assert!(
         tally.wrong_password_401.load(Ordering::Relaxed) > 0,
         "no wrong password answered"
@@ -264,16 +212,8 @@ async fn scrapes(addr: SocketAddr, ca: String, until: Instant, tally: Arc<Tally>
 #[tokio::test]
 async fn idle_tls_sessions_are_closed_by_the_daemon() {
     const SESSIONS: usize = 20;
-    let db = TestDb::new().await;
-    let statsd = StatsdCapture::start().await;
-    let port = statsd.port.to_string();
-    let pki = Pki::new();
-    let web = write_config(
-        &pki.dir,
-        "web.yml",
-        &tls_config(&pki, "", &users(&bcrypt(PASSWORD))),
-    );
-    let (mut daemon, addr) = daemon_with_web_config(&db.url, &port, &web).await;
+    let (db, statsd, pki) = parts().await;
+    let (mut daemon, addr) = serve(&db, &statsd, &pki, &tls_and_password(&pki, "")).await;
     let ca = arg(pki.path("ca.crt"));
     let started = Instant::now();
     let mut sessions = Vec::new();
