@@ -58,7 +58,7 @@ pub const SWEEP_PROBE: &str = concat!(
 );
 
 /// A row of `lock_drain_takeovers` or `lock_handoff_recover`, or one lease
-/// of `lock_reap_batch`'s arrays (`BatchRow::rows`): one lease (reaped:
+/// of `lock_reap_batch`'s arrays (`BatchRow::taken`): one lease (reaped:
 /// both millisecond fields set; set aside: `set_aside_error`), the columns
 /// a statement does not return left at their default.
 #[derive(Debug, FromRow)]
@@ -73,8 +73,6 @@ struct LeaseRow {
     /// `None`: swept.
     #[sqlx(default)]
     reaped_by: Option<String>,
-    #[sqlx(default)]
-    handoff_id: Option<i64>,
     #[sqlx(default)]
     fallback_cause: Option<String>,
 }
@@ -95,14 +93,12 @@ pub struct Taken {
 }
 
 /// The rows of one statement as leases: the one conversion. A row without
-/// a lease (a batch that fell back and took nothing) carries only its cause;
-/// a `reaped_by` this build does not know is a decode error, not a lost
-/// lease.
+/// a key (none of the statements returns one) is skipped; a `reaped_by`
+/// this build does not know is a decode error, not a lost lease.
 fn leases(rows: Vec<LeaseRow>) -> Result<Taken, sqlx::Error> {
     let mut out = Taken::default();
     for mut row in rows {
         out.fallback = out.fallback.or(row.fallback_cause.take());
-        out.handoff_id = out.handoff_id.or(row.handoff_id);
         if row.lock_key.is_none() {
             continue;
         }
@@ -144,7 +140,7 @@ async fn fetch_leases(
 /// the leases set aside likewise. One row of arrays rather than a row per
 /// lease because the server sends and the daemon decodes one value per
 /// column instead of one per lease (docs/performance.md measures the
-/// difference); `rows` turns it into the `LeaseRow`s every other lock
+/// difference); `taken` turns it into the `LeaseRow`s every other lock
 /// statement returns, the one place the arrays are taken apart.
 #[derive(Debug, FromRow)]
 struct BatchRow {
@@ -162,10 +158,12 @@ struct BatchRow {
 }
 
 impl BatchRow {
-    /// The batch as `LeaseRow`s: the reaped leases, then those set aside.
-    /// Arrays of unequal length (which the function never returns) are a
-    /// decode error, not leases made up or dropped.
-    fn rows(self) -> Result<Vec<LeaseRow>, sqlx::Error> {
+    /// The batch as `LeaseRow`s (the reaped leases, then those set aside)
+    /// through the one conversion, with the batch's hand-off and fallback
+    /// cause, which belong to the batch, not to each lease. Arrays of
+    /// unequal length (which the function never returns) are a decode
+    /// error, not leases made up or dropped.
+    fn taken(self) -> Result<Taken, sqlx::Error> {
         let reaped = self.lock_keys.unwrap_or_default();
         let set_aside = self.set_aside_keys.unwrap_or_default();
         let same = |n: usize, len: usize| {
@@ -198,10 +196,9 @@ impl BatchRow {
             overdue_millis: None,
             set_aside_error: None,
             reaped_by: None,
-            handoff_id: self.handoff_id,
-            fallback_cause: self.fallback_cause.clone(),
+            fallback_cause: None,
         };
-        let mut rows = Vec::with_capacity(reaped.len() + set_aside.len() + 1);
+        let mut rows = Vec::with_capacity(reaped.len() + set_aside.len());
         for (((k, o), t), (e, d)) in reaped
             .into_iter()
             .zip(owners)
@@ -225,11 +222,10 @@ impl BatchRow {
                 ..lease(k, o, t)
             });
         }
-        if rows.is_empty() && self.fallback_cause.is_some() {
-            // A batch that fell back and took nothing: its cause alone.
-            rows.push(lease(None, None, None));
-        }
-        Ok(rows)
+        let mut taken = leases(rows)?;
+        taken.handoff_id = self.handoff_id;
+        taken.fallback = self.fallback_cause;
+        Ok(taken)
     }
 }
 
@@ -264,7 +260,7 @@ pub async fn reap_batch(
     .persistent(false)
     .fetch_one(conn)
     .await?;
-    leases(batch.rows()?)
+    batch.taken()
 }
 
 /// Asks `SWEEP_PROBE`, decoded straight into the seam's answer. Its values
