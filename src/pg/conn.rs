@@ -448,6 +448,37 @@ async fn report_in_chunks<T>(rows: &[T], report: &mut dyn Reporter<T>) -> std::i
     Ok(())
 }
 
+/// The second transaction of a batch whose first one deleted its rows,
+/// recorded them in hand-off `id` and committed: `claim` (a statement that
+/// deletes the hand-off and returns whether it was still there; one a
+/// hand-off table, the same shape) takes it back, and only then are the
+/// rows' lines written and the claim committed (`report_then_commit`). A
+/// claim that finds nothing means another sweeper or reaper recovered the
+/// hand-off (this one was slower than `signal_handoff_grace()`) and wrote
+/// its lines: none here. `what` names the claim in a failure.
+pub async fn claim_then_report<T>(
+    conn: &mut PgConnection,
+    claim: &'static str,
+    what: &'static str,
+    id: i64,
+    rows: &[T],
+    report: &mut dyn Reporter<T>,
+) -> Result<(), BatchFailure> {
+    let mut tx = begin(conn).await?;
+    // The hand-off's row lock lasts until the commit, so no recoverer takes
+    // it while the lines are written.
+    let claimed: bool = sqlx::query_scalar(claim)
+        .persistent(false)
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| BatchFailure::Query(what, e))?;
+    if claimed {
+        report_then_commit(tx, rows, report).await?;
+    }
+    Ok(())
+}
+
 /// Commits a batch's transaction: after its lines were written
 /// (`report_then_commit`), or, for a batch the reaping call handed off, at
 /// once, so the reaped rows' locks end before their lines are written.

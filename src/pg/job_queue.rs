@@ -404,18 +404,9 @@ async fn apply_in_tx(
     // then write the lines.
     conn::commit(tx).await?;
     if let Some(id) = handoff_id {
-        let mut tx = conn::begin(conn).await?;
-        // False when another reaper recovered the hand-off first: it wrote
-        // (and counted) the lines.
-        let claimed: bool = sqlx::query_scalar(HANDOFF_CLAIM)
-            .persistent(false)
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| BatchFailure::Query("fn_job_reap_handoff_claim", e))?;
-        if claimed {
-            conn::report_then_commit(tx, &report_json.actions, report).await?;
-        }
+        let what = "fn_job_reap_handoff_claim";
+        conn::claim_then_report(conn, HANDOFF_CLAIM, what, id, &report_json.actions, report)
+            .await?;
     }
     Ok(ApplyBatch::Applied { n })
 }

@@ -328,9 +328,7 @@ fn resume_at(after: Option<i64>, newest_millis: Option<i64>) -> Option<i64> {
 /// One sweep batch. First transaction: delete and hand off, commit, so the
 /// deleted leases' row locks, which an acquire of their key waits on, end
 /// before any line is written. Second: claim the hand-off, write the lines,
-/// commit. A claim that finds nothing means another sweeper recovered the
-/// batch (this one was slower than `signal_handoff_grace()`) and wrote its
-/// lines: none here. Returns the batch (its leases, for the count and where
+/// commit (`conn::claim_then_report`). Returns the batch (its leases, for the count and where
 /// the next one starts); why it fell back, if it did, is in `fallback` from
 /// the first commit on, so a batch whose lines then fail is counted too.
 async fn reap_in_tx(
@@ -348,18 +346,9 @@ async fn reap_in_tx(
     *fallback = batch.fallback.take();
     log_set_aside(&batch.set_aside);
     if let Some(id) = batch.handoff_id {
-        let mut tx = conn::begin(conn).await?;
-        // Deletes the hand-off (its row lock lasts until COMMIT); false
-        // when another sweeper recovered it first.
-        let claimed: bool = sqlx::query_scalar("SELECT lock_handoff_claim($1)")
-            .persistent(false)
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| BatchFailure::Query("lock_handoff_claim", e))?;
-        if claimed {
-            conn::report_then_commit(tx, &batch.leases, report).await?;
-        }
+        let claim = "SELECT lock_handoff_claim($1)";
+        conn::claim_then_report(conn, claim, "lock_handoff_claim", id, &batch.leases, report)
+            .await?;
     }
     Ok(batch)
 }
