@@ -1,11 +1,11 @@
 //! A daemon's two connections (the lock sweep's own, and one the job reaper
 //! and the horizon check take turns on), their transactions, and how
-//! database failures are told. Owns connecting (the host walk of `pgconn`), the guards every
-//! transaction sets (`BEGIN_GUARDED`), the order of a batch's report (in
-//! chunks, other work between them) and commit (`report_then_commit`, the
-//! one place it is kept), dropping a connection after
-//! any error so the next call walks the hosts again, and naming a failure's
-//! real cause. No SQL besides the guards.
+//! database failures are told. Owns connecting (the host walk of `pgconn`),
+//! the guards every transaction sets (`BEGIN_GUARDED`), the order of a
+//! batch's report and commit (`report_then_commit`, the one place it is
+//! kept), dropping a connection after any error so the next call walks the
+//! hosts again, and naming a failure's real cause. No SQL besides the
+//! guards.
 
 use std::time::Duration;
 
@@ -398,11 +398,6 @@ fn login_hint(walk: &WalkError) -> &'static str {
         .unwrap_or(CHECK_REACHABLE)
 }
 
-/// Rows whose lines are formatted and written between two yields to the
-/// runtime (`report_in_chunks`): a batch's lines hold up another service's
-/// statement for one chunk at most, never for the whole batch.
-const REPORT_CHUNK: usize = 500;
-
 /// Opens a batch's transaction, guarded like every other (`BEGIN_GUARDED`).
 pub async fn begin(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>, BatchFailure> {
     conn.begin_with(BEGIN_GUARDED)
@@ -426,25 +421,9 @@ pub async fn report_then_commit<T>(
     rows: &[T],
     report: &mut dyn Reporter<T>,
 ) -> Result<(), BatchFailure> {
-    report_in_chunks(rows, &mut *report)
-        .await
-        .map_err(BatchFailure::Report)?;
+    report.lines(rows).map_err(BatchFailure::Report)?;
     commit(tx).await?;
     report.committed();
-    Ok(())
-}
-
-/// Reports `rows` `REPORT_CHUNK` at a time, yielding to the runtime between
-/// chunks. The runtime has one thread: without the yields, a statement of
-/// another service (the job reaper's, the horizon check's) waits for all of
-/// a batch's lines before its next round trip.
-async fn report_in_chunks<T>(rows: &[T], report: &mut dyn Reporter<T>) -> std::io::Result<()> {
-    for (i, chunk) in rows.chunks(REPORT_CHUNK).enumerate() {
-        if i > 0 {
-            tokio::task::yield_now().await;
-        }
-        report.lines(chunk)?;
-    }
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Everything a reader meets from the timer tick to the `lease_expired`
 //! line, failure path and the `lock_batch_fallback` WARN included: every
-//! type, trait, constant, SQL function and transaction, 47 in all (the
+//! type, trait, constant, SQL function and transaction, 46 in all (the
 //! tables and the setting the SQL reads are named last, not counted):
 //! - the loop (`sweep`, 7): `Service`, what a loop runs: a pass and the
 //!   names its lines use; `SWEEP_DELAY`, the pause between passes;
@@ -30,7 +30,7 @@
 //!   `Reporter`, which for any `Reaped` row writes through `EventLog`
 //!   (stdout, no log level can silence it), gathers `Lateness` and sends it
 //!   with the counts to `Metrics` at each commit;
-//! - PostgreSQL (`pg`, 11): `PgLockStore` on its own `Db` (one connection,
+//! - PostgreSQL (`pg`, 10): `PgLockStore` on its own `Db` (one connection,
 //!   reopened after a failure, which `BatchFailure` names); `BatchRow`, a
 //!   sweep batch as one row of arrays, taken apart into `LeaseRow`s, one
 //!   lease as every lock statement returns it, and `Taken`, a statement's
@@ -38,8 +38,7 @@
 //!   the fallback's cause; `SWEEP_PROBE`, the first question, its argument
 //!   `HELD_COUNT_MAX_AGE`, how old the shared held count may be;
 //!   `BEGIN_GUARDED`, how every transaction opens (its timeouts);
-//!   `PROBE_TIMEOUT`, the probe's bound; `REPORT_CHUNK`, the lines written
-//!   between two yields;
+//!   `PROBE_TIMEOUT`, the probe's bound;
 //! - SQL functions (10): `lock_sweep_probe`, the first question;
 //!   `lock_reap_batch`, the batch deleted and handed off (set-based,
 //!   falling back on its own row-by-row pass, which it says);
@@ -53,9 +52,10 @@
 //!   `signal_handoff_grace` (when a hand-off counts as abandoned);
 //! - two transactions a batch: delete up to `BATCH_SIZE` leases in deadline
 //!   order, skipping rows others hold, and record them in a hand-off,
-//!   commit; then claim the hand-off, write the lines, commit. Recovered
-//!   hand-offs and recorded expiries are one transaction each: write, then
-//!   commit.
+//!   commit; then claim the hand-off, write the lines, commit
+//!   (`conn::claim_then_report`, which the job reaper's batches share).
+//!   Recovered hand-offs and recorded expiries are one transaction each:
+//!   write, then commit.
 //!
 //! Not counted: connecting (`Db::conn`'s host walk, with `ConnectError` and
 //! its hints, owned by `pg::conn`) and what the SQL reads. The tables:
