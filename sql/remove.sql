@@ -9,10 +9,14 @@
 -- the check refuses, everything rolls back and the triggers stay.
 --
 -- What goes: what `migrate` added (sql/lock_entry_hooks.sql's triggers,
--- every function of sql/functions/, the tables and type of migrations/, the
--- reaper's two gate rows where it inserted them and their audit, the grants
--- to lease_sweeper, the expiry index if `migrate` built it, the sidecar's
--- history). What stays, exactly as it was:
+-- the tables of migrations/, the reaper's two gate rows where it inserted
+-- them and their audit, the grants to lease_sweeper, the expiry index if
+-- `migrate` built it, the sidecar's history). Then, in the same
+-- transaction, `remove` runs sql/sidecar_functions.sql keeping nothing,
+-- which drops every function the database records (whichever release
+-- installed it), and last drops that record, lease_sweeper_sql, and the
+-- type lock_reaped_lease, which some releases' functions returned. What
+-- stays, exactly as it was:
 -- the lock server's and the queue's tables, rows, sequences, triggers and
 -- history, and the cluster-wide role lease_sweeper (other databases may use
 -- it: `DROP ROLE lease_sweeper` once none does).
@@ -34,19 +38,9 @@ BEGIN
 END
 $$;
 
+-- The expiry index, when `migrate` built it (its comment says so).
 DO $$
-DECLARE
-    f regprocedure;
 BEGIN
-    FOR f IN
-        SELECT p.oid::regprocedure
-          FROM pg_catalog.pg_proc AS p
-          JOIN lease_sweeper_sql AS s ON s.name = p.proname::pg_catalog.text
-         WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
-    LOOP
-        EXECUTE pg_catalog.format('DROP FUNCTION %s', f);
-    END LOOP;
-    -- The expiry index, when `migrate` built it (its comment says so).
     IF pg_catalog.obj_description(pg_catalog.to_regclass('lock_entry_expiry_idx'), 'pg_class')
        = 'built by lease-sweeper migrate' THEN
         DROP INDEX lock_entry_expiry_idx;
@@ -54,9 +48,11 @@ BEGIN
 END
 $$;
 
+-- Every table but the record of the functions, which sql/sidecar_functions.sql
+-- reads after this file to drop them. No function of the sidecar returns
+-- these tables' rows, so none depends on them.
 DROP TABLE lock_expiry_outbox, lock_reap_handoff, lock_held_count, lock_held_delta,
-           job_reap_handoff, lease_sweeper_sql, lease_sweeper_migrations;
-DROP TYPE lock_reaped_lease;
+           job_reap_handoff, lease_sweeper_migrations;
 
 -- The reaper's two gate rows, only where `migrate` inserted them: a row it
 -- inserted says so (updated_by) until an operator sets it, and is then the

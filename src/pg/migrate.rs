@@ -602,11 +602,12 @@ const FUNCTION_CURRENT: &str = "SELECT s.sha256 = pg_catalog.encode(pg_catalog.s
      FROM lease_sweeper_sql AS s WHERE s.name = $1";
 
 /// The names `lease_sweeper_sql` records that are not in `$1` (the names
-/// the binary keeps): what `sql::DROP_UNSHIPPED` drops.
+/// the binary keeps): what `sql::SIDECAR_FUNCTIONS` drops.
 const UNSHIPPED: &str = "SELECT s.name FROM lease_sweeper_sql AS s \
      WHERE s.name <> ALL ($1::pg_catalog.text[]) ORDER BY s.name";
 
-/// Hands `sql::DROP_UNSHIPPED` the names it keeps, for this transaction.
+/// Hands `sql::SIDECAR_FUNCTIONS` the names it keeps, for this transaction
+/// (none: `remove`).
 const KEEP: &str = "SELECT pg_catalog.set_config('lease_sweeper.kept', $1, true)";
 
 /// What the function step did.
@@ -615,11 +616,11 @@ struct FunctionsApplied {
     dropped: Vec<String>,
 }
 
-/// In the caller's transaction: drops the recorded functions the binary no
-/// longer ships (`sql::DROP_UNSHIPPED`, all their overloads), applies each
-/// shipped one whose text differs from the recorded one or which is
-/// missing, then pins the definers' search path. CREATE OR REPLACE keeps a
-/// function's grants and callers; no table lock.
+/// In the caller's transaction: applies each shipped function whose text
+/// differs from the recorded one or which is missing, then drops the
+/// recorded functions the binary no longer ships (all their overloads) and
+/// pins the definers' search path (`sql::SIDECAR_FUNCTIONS`). CREATE OR
+/// REPLACE keeps a function's grants and callers; no table lock.
 async fn apply_functions(conn: &mut PgConnection) -> Result<FunctionsApplied, MigrateError> {
     let kept: Vec<&str> = sql::FUNCTIONS
         .iter()
@@ -634,22 +635,6 @@ async fn apply_functions(conn: &mut PgConnection) -> Result<FunctionsApplied, Mi
         .map_err(sql_failed(
             "reading which recorded functions are no longer shipped",
         ))?;
-    if !dropped.is_empty() {
-        sqlx::query(KEEP)
-            .bind(kept.join(","))
-            .execute(&mut *conn)
-            .await
-            .map_err(sql_failed("naming the functions kept"))?;
-        raw(
-            conn,
-            sql::DROP_UNSHIPPED,
-            &format!(
-                "dropping the functions no longer shipped ({})",
-                dropped.join(", ")
-            ),
-        )
-        .await?;
-    }
     let mut applied = 0;
     for (name, text) in sql::FUNCTIONS {
         let same: Option<bool> = sqlx::query_scalar(FUNCTION_CURRENT)
@@ -668,12 +653,20 @@ async fn apply_functions(conn: &mut PgConnection) -> Result<FunctionsApplied, Mi
         record(conn, name, text).await?;
         applied += 1;
     }
-    raw(
-        conn,
-        sql::PIN_SEARCH_PATH,
-        "applying sql/pin_search_path.sql",
-    )
-    .await?;
+    sqlx::query(KEEP)
+        .bind(kept.join(","))
+        .execute(&mut *conn)
+        .await
+        .map_err(sql_failed("naming the functions kept"))?;
+    let what = if dropped.is_empty() {
+        "applying sql/sidecar_functions.sql (pinning the search path)".to_owned()
+    } else {
+        format!(
+            "applying sql/sidecar_functions.sql (dropping the functions no longer shipped: {})",
+            dropped.join(", ")
+        )
+    };
+    raw(conn, sql::SIDECAR_FUNCTIONS, &what).await?;
     Ok(FunctionsApplied { applied, dropped })
 }
 
@@ -796,7 +789,14 @@ const INSTALLED_SCHEMA: &str = "SELECT n.nspname::pg_catalog.text FROM pg_catalo
       WHERE c.relname = 'lease_sweeper_sql' AND c.relkind = 'r' \
       ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) LIMIT 1";
 
-/// Takes the sidecar out (`sql/remove.sql`), holding `MIGRATE_LOCK_KEY`
+/// What `remove` drops last, once `sql::SIDECAR_FUNCTIONS`, keeping
+/// nothing, has dropped every function it records: that record, and the
+/// row type some releases' functions returned (so no function may be left
+/// that depends on it).
+const REMOVE_LAST: &str = "DROP TABLE lease_sweeper_sql; DROP TYPE lock_reaped_lease";
+
+/// Takes the sidecar out (`sql/remove.sql`, then every function the
+/// database records and that record, `sql::SIDECAR_FUNCTIONS`), holding `MIGRATE_LOCK_KEY`
 /// (`waiting` as for `migrate_saying_when_waiting`), in
 /// one transaction with a short lock wait, tried again while the lock server
 /// holds `lock_entry`. Refuses, changing nothing, while an expiry waits to be
@@ -824,6 +824,11 @@ async fn remove_locked(conn: &mut PgConnection) -> Result<Removed, MigrateError>
         .map_err(sql_failed("setting the search path"))?;
     with_short_lock(conn, "removing the sidecar", async |tx| {
         sqlx::raw_sql(sql::REMOVE).execute(&mut **tx).await?;
+        sqlx::query(KEEP).bind("").execute(&mut **tx).await?;
+        sqlx::raw_sql(sql::SIDECAR_FUNCTIONS)
+            .execute(&mut **tx)
+            .await?;
+        sqlx::raw_sql(REMOVE_LAST).execute(&mut **tx).await?;
         Ok(())
     })
     .await

@@ -16,9 +16,6 @@ pub const JOB_SUBSTRATE: &str = include_str!("../../sql/job_substrate.sql");
 /// The sidecar's triggers on `lock_entry` (takeovers, late releases).
 pub const LOCK_ENTRY_HOOKS: &str = include_str!("../../sql/lock_entry_hooks.sql");
 
-/// Pins every definer's `search_path` to the schema it was installed into.
-pub const PIN_SEARCH_PATH: &str = include_str!("../../sql/pin_search_path.sql");
-
 /// The job queue's gate rows and the daemon's SELECT on it, where there is
 /// a queue; applied by every `migrate`, so a queue that comes later is
 /// adopted.
@@ -27,9 +24,11 @@ pub const JOB_QUEUE_ACCESS: &str = include_str!("../../sql/job_queue_access.sql"
 /// Takes the sidecar out of the database (`lease-sweeper remove`).
 pub const REMOVE: &str = include_str!("../../sql/remove.sql");
 
-/// Drops the functions the database records that the binary no longer
-/// ships (`migrate`, with the names it keeps in `lease_sweeper.kept`).
-pub const DROP_UNSHIPPED: &str = include_str!("../../sql/drop_unshipped.sql");
+/// The one loop over the functions the database records: drops those not
+/// kept (the names in `lease_sweeper.kept`: `migrate` keeps what the binary
+/// ships, `remove` nothing) and pins the kept definers' `search_path` to
+/// the schema they were installed into.
+pub const SIDECAR_FUNCTIONS: &str = include_str!("../../sql/sidecar_functions.sql");
 
 /// Functions the binary no longer ships but `migrate` keeps in the database
 /// for one release more, so the daemons of the release before, still

@@ -346,3 +346,52 @@ async fn missing_deadline_index_built_then_removed() {
         "the index migrate built goes with the sidecar"
     );
 }
+
+/// `remove` drops every function the database records, whichever release
+/// installed it: one this binary never shipped, overloaded, one overload
+/// returning the sidecar's row type, goes with its record and the type,
+/// and so does every function the binary ships.
+#[tokio::test]
+async fn remove_drops_every_recorded_function_even_one_an_earlier_release_installed() {
+    let (db, _owner, _ls) = lock_server_database(None).await;
+    let (code, out) = run_binary(&["migrate"], &db.url).await;
+    assert_eq!(code, Some(0), "{out}");
+    let mut admin = db.connect().await;
+    exec(
+        &mut admin,
+        "CREATE FUNCTION lock_reap_earlier(integer) RETURNS SETOF lock_reaped_lease
+             LANGUAGE sql AS $$ SELECT NULL::lock_reaped_lease WHERE false $$;
+         CREATE FUNCTION lock_reap_earlier(integer, integer) RETURNS integer
+             LANGUAGE sql AS $$ SELECT 1 $$;
+         INSERT INTO lease_sweeper_sql (name, sha256) VALUES ('lock_reap_earlier', 'of an earlier release')",
+    )
+    .await;
+    let shipped = lease_sweeper::testing::sql::FUNCTIONS.len() as i64;
+    assert_eq!(
+        count(
+            &mut admin,
+            "SELECT count(*) FROM pg_proc AS p JOIN lease_sweeper_sql AS s ON s.name = p.proname"
+        )
+        .await,
+        shipped + 2
+    );
+
+    let (code, out) = run_binary(&["remove"], &db.url).await;
+
+    assert_eq!(code, Some(0), "{out}");
+    let names: Vec<&str> = lease_sweeper::testing::sql::FUNCTIONS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(["lock_reap_earlier"])
+        .collect();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM pg_proc WHERE proname = ANY ($1))
+              + (SELECT count(*) FROM pg_type WHERE typname = 'lock_reaped_lease')
+              + (SELECT count(*) FROM pg_class WHERE relname = 'lease_sweeper_sql')",
+    )
+    .bind(&names)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "{out}");
+}

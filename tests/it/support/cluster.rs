@@ -82,7 +82,7 @@ fn migrations_hash() -> String {
         sql::LOCK_SERVER,
         sql::JOB_SUBSTRATE,
         sql::LOCK_ENTRY_HOOKS,
-        sql::PIN_SEARCH_PATH,
+        sql::SIDECAR_FUNCTIONS,
     ] {
         fold(text.as_bytes());
     }
