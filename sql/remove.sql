@@ -15,7 +15,7 @@
 -- transaction, `remove` runs sql/sidecar_functions.sql keeping nothing,
 -- which drops every function the database records (whichever release
 -- installed it), and last drops that record, lease_sweeper_sql, and the
--- type lock_reaped_lease, which some releases' functions returned. What
+-- type lock_reaped_lease, which an earlier build's function returned. What
 -- stays, exactly as it was:
 -- the lock server's and the queue's tables, rows, sequences, triggers and
 -- history, and the cluster-wide role lease_sweeper (other databases may use

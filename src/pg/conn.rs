@@ -429,8 +429,8 @@ pub async fn report_then_commit<T>(
 
 /// The second transaction of a batch whose first one deleted its rows,
 /// recorded them in hand-off `id` and committed: `claim` (a statement that
-/// deletes the hand-off and returns whether it was still there; one a
-/// hand-off table, the same shape) takes it back, and only then are the
+/// deletes the hand-off and returns whether it was still there; one per
+/// hand-off table, each the same shape) takes it back, and only then are the
 /// rows' lines written and the claim committed (`report_then_commit`). A
 /// claim that finds nothing means another sweeper or reaper recovered the
 /// hand-off (this one was slower than `signal_handoff_grace()`) and wrote

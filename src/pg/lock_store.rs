@@ -328,9 +328,10 @@ fn resume_at(after: Option<i64>, newest_millis: Option<i64>) -> Option<i64> {
 /// One sweep batch. First transaction: delete and hand off, commit, so the
 /// deleted leases' row locks, which an acquire of their key waits on, end
 /// before any line is written. Second: claim the hand-off, write the lines,
-/// commit (`conn::claim_then_report`). Returns the batch (its leases, for the count and where
-/// the next one starts); why it fell back, if it did, is in `fallback` from
-/// the first commit on, so a batch whose lines then fail is counted too.
+/// commit (`conn::claim_then_report`). Returns the batch (its leases, for
+/// the count and where the next one starts); why it fell back, if it did,
+/// is in `fallback` from the first commit on, so a batch whose lines then
+/// fail is counted too.
 async fn reap_in_tx(
     conn: &mut PgConnection,
     limit: usize,

@@ -790,18 +790,19 @@ const INSTALLED_SCHEMA: &str = "SELECT n.nspname::pg_catalog.text FROM pg_catalo
       ORDER BY pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) LIMIT 1";
 
 /// What `remove` drops last, once `sql::SIDECAR_FUNCTIONS`, keeping
-/// nothing, has dropped every function it records: that record, and the
-/// row type some releases' functions returned (so no function may be left
-/// that depends on it).
+/// nothing, has dropped every function the database records: that record,
+/// and the row type an earlier build's function returned (so no function
+/// is left that depends on it).
 const REMOVE_LAST: &str = "DROP TABLE lease_sweeper_sql; DROP TYPE lock_reaped_lease";
 
 /// Takes the sidecar out (`sql/remove.sql`, then every function the
-/// database records and that record, `sql::SIDECAR_FUNCTIONS`), holding `MIGRATE_LOCK_KEY`
-/// (`waiting` as for `migrate_saying_when_waiting`), in
-/// one transaction with a short lock wait, tried again while the lock server
-/// holds `lock_entry`. Refuses, changing nothing, while an expiry waits to be
-/// reported. Where the sidecar is not installed it does nothing and says so,
-/// so a second `remove` (or two at once) succeeds.
+/// database records with `sql::SIDECAR_FUNCTIONS`, then `REMOVE_LAST`),
+/// holding `MIGRATE_LOCK_KEY` (`waiting` as for
+/// `migrate_saying_when_waiting`), in one transaction with a short lock
+/// wait, tried again while the lock server holds `lock_entry`. Refuses,
+/// changing nothing, while an expiry waits to be reported. Where the
+/// sidecar is not installed it does nothing and says so, so a second
+/// `remove` (or two at once) succeeds.
 pub async fn remove(
     conn: &mut PgConnection,
     waiting: impl FnOnce(&str),
