@@ -1,7 +1,8 @@
 //! The SQL files `migrate` and `remove` run, embedded at build time: the
 //! stand-in lock server and job substrate (created only where none exists),
 //! the sidecar's functions (one file each, the one place its current text
-//! lives), its triggers on `lock_entry`, and its removal. The versioned
+//! lives), the one loop over the functions a database records (drop or
+//! pin), its triggers on `lock_entry`, and its removal. The versioned
 //! tables, role and grants are `migrations/`, embedded by `pg::migrate`.
 //! No logic: `pg::migrate` decides what runs when.
 
