@@ -9,7 +9,9 @@
 //! "Handled" cases need a row the constraints now refuse; the tests drop the
 //! constraint by hand first, as an operator (or an older schema) might have.
 
-use crate::support::bad_rows::{I64_MAX, I64_MIN, daemon_until, error_lines, keys, refused_with};
+use crate::support::bad_rows::{
+    I64_MAX, I64_MIN, daemon_until, error_lines, keys, legal_hold, refused_with,
+};
 use crate::support::{TestDb, count, events, exec, insert_expired};
 
 #[tokio::test]
@@ -129,17 +131,7 @@ async fn minus_infinity_takeover_drained_with_others() {
 async fn failing_row_set_aside_others_reported() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    exec(
-        &mut conn,
-        "CREATE FUNCTION refuse_cursed() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF OLD.lock_key LIKE 'cursed%' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
-             RETURN OLD;
-         END $$;
-         CREATE TRIGGER refuse_cursed BEFORE DELETE ON lock_entry FOR EACH ROW EXECUTE FUNCTION refuse_cursed();
-         CREATE TRIGGER refuse_cursed BEFORE DELETE ON lock_expiry_outbox FOR EACH ROW EXECUTE FUNCTION refuse_cursed();",
-    )
-    .await;
+    legal_hold(&mut conn, "cursed%", &["lock_entry", "lock_expiry_outbox"]).await;
     insert_expired(&mut conn, "ordinary-", 30, 1_000).await;
     insert_expired(&mut conn, "cursed-lease", 1, 2_000).await;
     insert_expired(&mut conn, "cursed-steal", 1, 2_000).await;
@@ -185,7 +177,7 @@ async fn failing_row_set_aside_others_reported() {
     .await
     .unwrap();
     assert_eq!(left, vec!["cursed-lease1", "outbox:cursed-steal1"]);
-    exec(&mut conn, "DROP FUNCTION refuse_cursed() CASCADE").await;
+    exec(&mut conn, "DROP FUNCTION legal_hold() CASCADE").await;
     let lines = daemon_until(&db, "the two set-aside ones", |l| {
         events(l, "lease_expired").len() >= 2
     })

@@ -5,7 +5,7 @@
 //! cause (`lock_batch_fallback`, WARN, with the statement's error) and
 //! counts every batch that fell back (`lock.batch.fallback`).
 
-use crate::support::bad_rows::{daemon_with_statsd_until, keys};
+use crate::support::bad_rows::{daemon_with_statsd_until, keys, legal_hold};
 use crate::support::{TestDb, events, exec, insert_expired};
 
 const FALLBACK: &str = "lock.batch.fallback";
@@ -19,16 +19,7 @@ const PG: &str = "#backend:pg";
 async fn refused_row_falls_back_once_logged_every_batch_counted() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    exec(
-        &mut conn,
-        "CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF OLD.lock_key = 'held1' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
-             RETURN OLD;
-         END $$;
-         CREATE TRIGGER refuse_held BEFORE DELETE ON lock_entry FOR EACH ROW EXECUTE FUNCTION refuse_held();",
-    )
-    .await;
+    legal_hold(&mut conn, "held1", &["lock_entry"]).await;
     insert_expired(&mut conn, "ordinary-", 30, 1_000).await;
     insert_expired(&mut conn, "held", 1, 2_000).await;
 
@@ -101,16 +92,7 @@ async fn ordinary_batches_never_fall_back() {
 async fn refused_outbox_row_falls_back_logged_and_counted() {
     let db = TestDb::new().await;
     let mut conn = db.connect().await;
-    exec(
-        &mut conn,
-        "CREATE FUNCTION refuse_held() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF OLD.lock_key = 'held1' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
-             RETURN OLD;
-         END $$;
-         CREATE TRIGGER refuse_held BEFORE DELETE ON lock_expiry_outbox FOR EACH ROW EXECUTE FUNCTION refuse_held();",
-    )
-    .await;
+    legal_hold(&mut conn, "held1", &["lock_expiry_outbox"]).await;
     insert_expired(&mut conn, "steal-", 4, 1_000).await;
     insert_expired(&mut conn, "held", 1, 1_000).await;
     exec(

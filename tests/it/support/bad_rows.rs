@@ -16,6 +16,25 @@ pub const I64_MIN: &str = "-9223372036854775808";
 /// See `I64_MIN`.
 pub const I64_MAX: &str = "9223372036854775807";
 
+/// An operator's legal hold: a trigger on each of `tables` refusing to
+/// delete a row whose `lock_key` is LIKE `keys` (`legal hold on <key>`,
+/// SQLSTATE P0001). `DROP FUNCTION legal_hold() CASCADE` lifts it.
+pub async fn legal_hold(conn: &mut PgConnection, keys: &str, tables: &[&str]) {
+    let mut sql = format!(
+        "CREATE FUNCTION legal_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.lock_key LIKE '{keys}' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
+             RETURN OLD;
+         END $$;"
+    );
+    for table in tables {
+        sql.push_str(&format!(
+            "\nCREATE TRIGGER legal_hold BEFORE DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION legal_hold();"
+        ));
+    }
+    crate::support::exec(conn, &sql).await;
+}
+
 /// Runs `sql`, which must fail with `code`; returns the error text.
 pub async fn refused_with(conn: &mut PgConnection, sql: &str, code: &str) -> String {
     let err = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))

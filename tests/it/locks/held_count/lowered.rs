@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Replica, age_the_count, deltas, held_now, live, recounted, recounts, stored};
 use crate::locks::BrokenPipe;
+use crate::support::bad_rows::legal_hold;
 use crate::support::{StatsdCapture, TestDb, count, exec, insert_expired, wait_until};
 
 /// Twelve held, eight of them expired but not yet swept when counted, and
@@ -220,16 +221,7 @@ async fn every_reaping_path_lowers_count() {
 
     // A row that cannot be deleted: the batch is redone row by row, the bad
     // row set aside, the others subtracted.
-    exec(
-        &mut conn,
-        "CREATE FUNCTION refuse_cursed() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF OLD.lock_key LIKE 'cursed%' THEN RAISE EXCEPTION 'legal hold on %', OLD.lock_key; END IF;
-             RETURN OLD;
-         END $$;
-         CREATE TRIGGER refuse_cursed BEFORE DELETE ON lock_entry FOR EACH ROW EXECUTE FUNCTION refuse_cursed();",
-    )
-    .await;
+    legal_hold(&mut conn, "cursed%", &["lock_entry"]).await;
     insert_expired(&mut conn, "ordinary-", 6, 1_000).await;
     insert_expired(&mut conn, "cursed-", 1, 2_000).await;
     assert_eq!(
