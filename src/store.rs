@@ -11,8 +11,8 @@ use crate::model::{ExpiredLease, JobAction};
 /// Where a store writes a batch's lines, and whom it tells once they are
 /// committed. A closure that writes lines is one that needs no telling.
 pub trait Reporter<T>: Send {
-    /// Writes lines (a batch, or a chunk of one) and flushes them; an error
-    /// means "do not commit".
+    /// Writes a batch's lines and flushes them; an error means "do not
+    /// commit".
     fn lines(&mut self, rows: &[T]) -> std::io::Result<()>;
 
     /// Every line written since the last call belongs to a batch now

@@ -37,7 +37,7 @@ pub trait Reaped: Sized + Sync {
     fn add(pass: &mut Self::Outcome, batch: &Self::Outcome);
 }
 
-/// The store's `Reporter` for one call of a pass: writes each chunk's lines
+/// The store's `Reporter` for one call of a pass: writes each batch's lines
 /// and gathers what they count; as the batch commits, sends that, flushes
 /// the metrics and adds it to the pass's outcome. As each batch commits, not
 /// when the pass ends: a long drain must not hold committed counts, where a
