@@ -214,3 +214,24 @@ pub struct DryRunJob {
     /// `ACTION_RESET` or `WOULD_DEAD_LETTER`.
     pub would_action: String,
 }
+
+/// What the unit tests build their leases from.
+#[cfg(test)]
+pub mod testing {
+    use super::{ExpiredLease, ReapedBy};
+
+    /// `n` leases (`k0`, `k1`, …, token `i`, owner `o`), deadlines counting
+    /// up from the epoch, lease `i` `overdue(i)` ms late, all `reaped_by`.
+    pub fn leases(n: usize, reaped_by: ReapedBy, overdue: fn(usize) -> i64) -> Vec<ExpiredLease> {
+        (0..n)
+            .map(|i| ExpiredLease {
+                lock_key: format!("k{i}"),
+                owner_id: "o".into(),
+                token: i.to_string(),
+                expired_at_millis: i as i64,
+                overdue_millis: overdue(i),
+                reaped_by,
+            })
+            .collect()
+    }
+}

@@ -350,17 +350,9 @@ mod tests {
     use super::*;
     use crate::output::test_agent::Agent;
 
+    /// `n` leases, lease `i` `i` ms late.
     fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
-        (0..n)
-            .map(|i| ExpiredLease {
-                lock_key: format!("k{i}"),
-                owner_id: "o".into(),
-                token: i.to_string(),
-                expired_at_millis: 0,
-                overdue_millis: i as i64,
-                reaped_by,
-            })
-            .collect()
+        crate::model::testing::leases(n, reaped_by, |i| i as i64)
     }
 
     /// Metrics sending to a StatsD agent on loopback, and that agent.

@@ -332,18 +332,9 @@ mod tests {
         }
     }
 
-    /// `n` leases whose deadlines count up from `first`.
-    fn leases(n: usize, first: i64, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
-        (0..n)
-            .map(|i| ExpiredLease {
-                lock_key: format!("k{i}"),
-                owner_id: "o".into(),
-                token: i.to_string(),
-                expired_at_millis: first + i as i64,
-                overdue_millis: 5,
-                reaped_by,
-            })
-            .collect()
+    /// `n` leases, each 5 ms late.
+    fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
+        crate::model::testing::leases(n, reaped_by, |_| 5)
     }
 
     impl LockStore for Stub {
@@ -384,7 +375,7 @@ mod tests {
                 }
             };
             assert!(n <= limit);
-            let rows = leases(n, 1, ReapedBy::Sweep);
+            let rows = leases(n, ReapedBy::Sweep);
             written(report, &rows, Work::LockLeases)?;
             Ok(n)
         }
@@ -397,7 +388,7 @@ mod tests {
             self.called("drain");
             let n = self.recorded.lock().unwrap().pop_front().unwrap_or(0);
             assert!(n <= limit);
-            written(report, &leases(n, 0, ReapedBy::Takeover), Work::LockLeases)?;
+            written(report, &leases(n, ReapedBy::Takeover), Work::LockLeases)?;
             Ok(n)
         }
 

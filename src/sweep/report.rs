@@ -135,17 +135,9 @@ mod tests {
     use crate::output::test_agent::Agent;
     use crate::sweep::lock_sweeper::SweepOutcome;
 
+    /// `n` leases, each 5 ms late.
     fn leases(n: usize, reaped_by: ReapedBy) -> Vec<ExpiredLease> {
-        (0..n)
-            .map(|i| ExpiredLease {
-                lock_key: format!("k{i}"),
-                owner_id: "o".into(),
-                token: i.to_string(),
-                expired_at_millis: 1,
-                overdue_millis: 5,
-                reaped_by,
-            })
-            .collect()
+        crate::model::testing::leases(n, reaped_by, |_| 5)
     }
 
     #[test]
