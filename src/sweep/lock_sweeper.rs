@@ -57,8 +57,11 @@
 //!   Recovered hand-offs and recorded expiries are one transaction each:
 //!   write, then commit.
 //!
-//! Not counted: connecting (`Db::conn`'s host walk, with `ConnectError` and
-//! its hints, owned by `pg::conn`) and what the SQL reads. The tables:
+//! Not counted: connecting (`Db::conn`'s host walk, with `ConnectError`
+//! and its hints) and the words a failure's cause is told in
+//! (`conn::describe`, with `HOT_STANDBY`), both owned by `pg::conn`; the
+//! `Service` impl's names for its lines; and what the SQL reads. The
+//! tables:
 //! `lock_entry` (the leases), `lock_reap_handoff`,
 //! `lock_expiry_outbox`, `lock_held_count` and `lock_held_delta`; the
 //! composite `lock_reaped_lease` (a row-by-row pass's rows); the setting
