@@ -26,6 +26,7 @@ const LOCK_SERVER: &str = include_str!("lock_server.sql");
 mod phase1_queue;
 mod release_0_1_0;
 mod renewal;
+mod same_sidecar;
 mod tokens;
 mod upgrade;
 

@@ -26,7 +26,10 @@ const STATE_ENUM: &str = "CREATE TYPE job_state AS ENUM \
 
 /// A lock server's database with the document's queue beside it, made by
 /// their owner role with `state` of `state_type` (after `before`, if any).
-async fn phase1_database(state_type: &str, before: &str) -> (TestDb, LoginRole, PgConnection) {
+pub(super) async fn phase1_database(
+    state_type: &str,
+    before: &str,
+) -> (TestDb, LoginRole, PgConnection) {
     let (db, owner, mut conn) = lock_server_database(None).await;
     if !before.is_empty() {
         exec(&mut conn, before).await;
